@@ -1,0 +1,43 @@
+"""Engine backends behind one dict.
+
+Every backend module exports the same functions with the same signatures, so the
+server and the consistency gate never branch on hardware:
+
+    build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict
+        Compile a checkpoint (dense safetensors or an llm-compressor compressed-tensors
+        directory) into an engine directory; writes and returns `engine.json` metadata
+        (backend, versions, build flags, device fingerprint, checkpoint sha256).
+    check_compatible(engine_dir: Path) -> None
+        Raise EngineIncompatibleError, naming both sides, if this device cannot run the engine.
+    load(engine_dir: Path) -> Any
+        Check compatibility, then load; returns an opaque session handle.
+    generate(session, input_ids: list[int], max_new_tokens: int, stop_token_ids: Sequence[int]) -> Iterator[int]
+        Greedy decoding with a KV cache; yields new token ids one at a time (streaming).
+    score(session, input_ids: list[int]) -> numpy.ndarray
+        Logits for every position of `input_ids`, shape [len(input_ids), vocab], float32
+        (teacher-forced; used by the consistency gate).
+
+`tensorrt_llm` is imported only inside its own module: importing this package never needs a GPU.
+"""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+BACKENDS: dict[str, str] = {
+    "cpu": "tasks.engines.cpu_onnx",
+    "tensorrt_llm": "tasks.engines.tensorrt_llm",
+}
+
+API = ("build", "check_compatible", "load", "generate", "score")
+
+
+class EngineIncompatibleError(RuntimeError):
+    """The engine was built for another device, runtime version or checkpoint."""
+
+
+def get_backend(name: str) -> ModuleType:
+    """Import the backend module registered under `name`."""
+    if name not in BACKENDS:
+        raise ValueError(f"engine.backend={name!r} is unknown; choose one of {sorted(BACKENDS)}")
+    return importlib.import_module(BACKENDS[name])
