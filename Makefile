@@ -1,0 +1,37 @@
+# edgeflow — `make demo` runs the whole chain on the CPU demo profile; `make test` runs the tests.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PROFILE ?= configs/demo-cpu.yaml
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: demo test down pools services venv clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first and pinned: the CPU build, not a multi-GB CUDA one.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+services: venv
+	$(PY) scripts/services.py up
+
+pools: services
+
+demo: services
+	set -a; eval "$$($(PY) scripts/services.py env | sed 's/^export //')"; set +a; \
+	$(PY) scripts/demo.py --profile $(PROFILE)
+
+test: venv
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+down:
+	@test -x $(PY) && $(PY) scripts/services.py down || true
+
+clean: down
+	rm -rf .edgeflow reports

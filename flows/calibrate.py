@@ -1,0 +1,48 @@
+"""Calibrate stage: a domain-mixed calibration set (chat : wiki : math = 5:3:2 by default) as Parquet.
+
+Tiny CPU run (with services up): python -m flows.release --profile configs/test-tiny.yaml
+"""
+from __future__ import annotations
+
+from prefect import flow, task
+
+from tasks.artifacts import ArtifactRef, sha256_file, sha256_json
+from tasks.config import CalibrationConfig, load_profile
+from tasks.runs import ReleaseContext, content_key, stage_run
+
+
+@task(cache_key_fn=content_key, persist_result=True)
+def build_calibration(student: ArtifactRef, cfg: CalibrationConfig, source_hashes: dict[str, str], ctx: ReleaseContext) -> ArtifactRef:
+    """Sample the sources by ratio, truncate, write Parquet, and log it to MLflow as a dataset input."""
+    import mlflow.data
+    import pandas as pd
+    from mlflow.entities import DatasetInput, InputTag
+    from transformers import AutoTokenizer
+
+    from tasks.calibration import build_calibration_set
+
+    profile = load_profile(ctx.profile)
+    key = sha256_json({"cfg": cfg.model_dump(), "sources": source_hashes})[:16]
+    out = profile.work / "artifacts" / "calibration" / key / "calibration.parquet"
+    tok = AutoTokenizer.from_pretrained(student.uri)
+    with stage_run(ctx, "calibrate", cfg.model_dump()) as (client, run_id):
+        stats = build_calibration_set(
+            {d: profile.resolve(p) for d, p in cfg.sources.items()}, cfg.ratios, cfg.total, cfg.max_tokens, cfg.seed, tok, out
+        )
+        sha = sha256_file(out)
+        df = pd.read_parquet(out, columns=["domain", "text", "n_tokens"])
+        ds = mlflow.data.from_pandas(df, source=str(out), name=f"calibration-{sha[:12]}")
+        client.log_inputs(run_id, datasets=[DatasetInput(ds._to_mlflow_entity(), [InputTag("mlflow.data.context", "calibration")])])
+        client.log_dict(run_id, stats, "calibration_stats.json")
+        client.log_artifact(run_id, str(out), "calibration")
+        for d, n in stats["counts"].items():
+            client.log_metric(run_id, f"count_{d}", n)
+        return ArtifactRef(kind="calibration", uri=str(out), sha256=sha, mlflow_run_id=run_id, meta=stats)
+
+
+@flow(name="calibrate", log_prints=True)
+def calibrate(profile: str, ctx: ReleaseContext, student: ArtifactRef) -> ArtifactRef:
+    """Shipped sources in, calibration Parquet out."""
+    p = load_profile(profile)
+    hashes = {d: sha256_file(p.resolve(path)) for d, path in p.calibration.sources.items()}
+    return build_calibration(student, p.calibration, hashes, ctx)

@@ -1,0 +1,82 @@
+"""Consistency stage: every variant's built engine against the full-precision student.
+
+Tiny CPU run (with services up): python -m flows.release --profile configs/test-tiny.yaml
+"""
+from __future__ import annotations
+
+import json
+
+from prefect import flow, task
+
+from tasks.artifacts import ArtifactRef, sha256_file
+from tasks.config import GateConfig, load_profile
+from tasks.runs import ReleaseContext, content_key, stage_run
+
+
+@task(cache_key_fn=content_key, persist_result=True)
+def gate_variants(
+    student: ArtifactRef,
+    calibration: ArtifactRef,
+    checkpoints: list[ArtifactRef],
+    engines: list[ArtifactRef],
+    gate: GateConfig,
+    backend: str,
+    ctx: ReleaseContext,
+) -> ArtifactRef:
+    """Check calibration/eval disjointness, then score each engine and write the gate report."""
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    from tasks.calibration import check_no_leakage
+    from tasks.evaluation.gate import eval_texts, run_gate, tokenize
+
+    profile = load_profile(ctx.profile)
+    tok = AutoTokenizer.from_pretrained(student.uri)
+    texts = eval_texts({d: profile.resolve(p) for d, p in gate.eval_sources.items()}, gate.num_prompts, tok)
+    check_no_leakage(pq.read_table(calibration.uri, columns=["text"]).column("text").to_pylist(), texts)
+    seqs = tokenize(texts, tok, gate.max_tokens)
+    speed_prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "Explain in a few sentences why the sky is blue."}], add_generation_prompt=True, tokenize=True
+    )
+    speed_prompt = list(speed_prompt["input_ids"] if isinstance(speed_prompt, dict) else speed_prompt)
+    variants = [
+        {
+            "name": c.meta.get("variant", "fp32"),
+            "engine_dir": e.uri,
+            "checkpoint_dir": c.uri,
+            "size_mb": c.meta.get("size_mb") or sum(f.stat().st_size for f in c.path.rglob("*.safetensors")) / 2**20,
+            "quantized": c.kind == "quantized",
+            "checkpoint": c,
+            "engine": e,
+        }
+        for c, e in zip(checkpoints, engines, strict=True)
+    ]
+    with stage_run(ctx, "consistency", gate.model_dump() | {"backend": backend}) as (client, run_id):
+        rows = run_gate(student.path, variants, seqs, gate, backend, speed_prompt)
+        for v, row in zip(variants, rows):
+            row["checkpoint"] = v["checkpoint"].model_dump()
+            row["engine"] = v["engine"].model_dump()
+            for k in ("top1_agreement", "kl", "ppl", "decode_tok_s", "ttft_ms", "engine_parity"):
+                client.log_metric(run_id, f"{row['name']}.{k}", float(row["metrics"][k]))
+        report = {
+            "thresholds": gate.model_dump(exclude={"eval_sources"}),
+            "eval_prompts": len(seqs),
+            "eval_positions": sum(len(s) - 1 for s in seqs),
+            "backend": backend,
+            "rows": rows,
+        }
+        out = profile.work / "releases" / ctx.release_id / "gate.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1))
+        client.log_artifact(run_id, str(out), "gate")
+        return ArtifactRef(kind="gate-report", uri=str(out), sha256=sha256_file(out), mlflow_run_id=run_id)
+
+
+@flow(name="consistency", log_prints=True)
+def consistency(
+    profile: str, ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef,
+    checkpoints: list[ArtifactRef], engines: list[ArtifactRef],
+) -> ArtifactRef:
+    """Engines in, gate report out."""
+    p = load_profile(profile)
+    return gate_variants(student, calibration, checkpoints, engines, p.gate, p.engine.backend, ctx)

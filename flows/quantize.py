@@ -1,0 +1,55 @@
+"""Quantize stage: one llm-compressor recipe per variant (AWQ / GPTQ W4A16 …) over the calibration set.
+
+Tiny CPU run (with services up): python -m flows.release --profile configs/test-tiny.yaml
+"""
+from __future__ import annotations
+
+from prefect import flow, task
+
+from tasks.artifacts import ArtifactRef, sha256_file, sha256_json, sha256_tree
+from tasks.config import VariantConfig, load_profile
+from tasks.runs import ReleaseContext, content_key, stage_run
+
+
+@task(cache_key_fn=content_key, persist_result=True)
+def quantize_variant(
+    student: ArtifactRef, calibration: ArtifactRef, variant: VariantConfig, recipe: dict, ctx: ReleaseContext
+) -> ArtifactRef:
+    """Run llm-compressor oneshot with the variant's recipe and log the compressed checkpoint."""
+    import pyarrow.parquet as pq
+
+    from tasks.quantize import quantize
+
+    profile = load_profile(ctx.profile)
+    key = sha256_json({"student": student.sha256, "calib": calibration.sha256, "recipe": recipe, "v": variant.model_dump()})[:16]
+    out = profile.work / "artifacts" / "quantized" / f"{variant.name}-{key}"
+    ids = pq.read_table(calibration.uri, columns=["input_ids"]).column("input_ids").to_pylist()
+    if variant.calibration_samples:
+        ids = ids[: variant.calibration_samples]
+    with stage_run(ctx, f"quantize-{variant.name}", variant.model_dump() | {"calibration_sha256": calibration.sha256}) as (client, run_id):
+        info = quantize(student.path, recipe, ids, out)
+        client.log_dict(run_id, recipe, "recipe.yaml")
+        client.log_metric(run_id, "size_mb", info["size_mb"])
+        client.log_artifacts(run_id, str(out), "quantized")
+        return ArtifactRef(
+            kind="quantized",
+            uri=str(out),
+            sha256=sha256_tree(out),
+            mlflow_run_id=run_id,
+            meta={"variant": variant.name, "recipe": variant.recipe, "recipe_sha256": sha256_json(recipe), **info},
+        )
+
+
+@flow(name="quantize", log_prints=True)
+def quantize(profile: str, ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef) -> list[ArtifactRef]:
+    """Student and calibration set in, one compressed checkpoint per variant out."""
+    from tasks.quantize import load_recipe
+
+    p = load_profile(profile)
+    # Variants run one after another here: llm-compressor keeps one global compression session per
+    # process, and on 2 CPU cores parallel variants would only fight for the same cores. A GPU pool
+    # runs each variant as its own flow run (one deployment run per variant) to get parallelism.
+    return [
+        quantize_variant(student, calibration, v, load_recipe(p.resolve(v.recipe), p.quantize.recipe_overrides), ctx)
+        for v in p.quantize.variants
+    ]

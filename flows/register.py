@@ -1,0 +1,97 @@
+"""Register stage: every variant that passed the gate becomes a model version; the best gets `staging`.
+
+Tiny CPU run (with services up): python -m flows.release --profile configs/test-tiny.yaml
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from prefect import flow, task
+
+from tasks.artifacts import ArtifactRef, sha256_tree, write_manifest
+from tasks.config import load_profile
+from tasks.runs import ReleaseContext, stage_run
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    # Hard links: the package is a view of files that already exist, not a second copy on disk.
+    shutil.copytree(src, dst, copy_function=os.link, ignore=shutil.ignore_patterns("edgeflow-manifest.json"))
+
+
+def package_variant(row: dict, lineage: dict, dest: Path) -> str:
+    """Lay out checkpoint/ + engine/ + gate.json + lineage.json with a manifest; returns its tree hash."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    _link_tree(Path(row["checkpoint"]["uri"]), dest / "checkpoint")
+    _link_tree(Path(row["engine"]["uri"]), dest / "engine")
+    (dest / "gate.json").write_text(json.dumps({k: v for k, v in row.items() if k not in ("checkpoint", "engine")}, indent=1))
+    (dest / "lineage.json").write_text(json.dumps(lineage, indent=1))
+    return write_manifest(dest)
+
+
+def choose_staging(rows: list[dict]) -> dict | None:
+    """The smallest passing quantized variant; ties go to the higher agreement."""
+    passing = [r for r in rows if r["passed"] and r["quantized"]]
+    return min(passing, key=lambda r: (r["size_mb"], -r["top1_agreement"])) if passing else None
+
+
+@task
+def register_passing(gate_report: ArtifactRef, lineage: dict[str, ArtifactRef], ctx: ReleaseContext) -> dict:
+    """Register passing variants with lineage tags and move `staging` to the best one."""
+    from tasks.registry import alias_version, register_version
+
+    profile = load_profile(ctx.profile)
+    name = profile.registry.model_name
+    report = json.loads(gate_report.path.read_text())
+    rows = report["rows"]
+    lin = {k: v.model_dump() for k, v in lineage.items()}
+    registered: dict[str, str] = {}
+    with stage_run(ctx, "register", {"model_name": name}) as (client, run_id):
+        staging_before = alias_version(client, name, "staging")
+        for row in rows:
+            if not (row["passed"] and row["quantized"]):
+                continue
+            dest = profile.work / "releases" / ctx.release_id / "package" / row["name"]
+            tree = package_variant(row, lin | {"checkpoint": row["checkpoint"], "engine": row["engine"]}, dest)
+            client.log_artifacts(run_id, str(dest), f"model/{row['name']}")
+            registered[row["name"]] = register_version(
+                client, name, run_id, f"model/{row['name']}",
+                tags={
+                    "edgeflow.release_id": ctx.release_id,
+                    "edgeflow.variant": row["name"],
+                    "edgeflow.package_sha256": tree,
+                    "edgeflow.teacher_sha256": lineage["teacher"].sha256,
+                    "edgeflow.student_run_id": lineage["student"].mlflow_run_id or "",
+                    "edgeflow.student_sha256": lineage["student"].sha256,
+                    "edgeflow.calibration_sha256": lineage["calibration"].sha256,
+                    "edgeflow.recipe": row["checkpoint"]["meta"].get("recipe", ""),
+                    "edgeflow.engine_backend": row["engine"]["meta"].get("backend", ""),
+                    "edgeflow.gate.top1_agreement": str(row["top1_agreement"]),
+                    "edgeflow.gate.kl": str(row["kl"]),
+                    "edgeflow.gate.ppl": str(row["ppl"]),
+                    "edgeflow.gate.passed": "true",
+                },
+            )
+        best = choose_staging(rows)
+        if best:
+            client.set_registered_model_alias(name, "staging", registered[best["name"]])
+        client.log_dict(run_id, {"registered": registered, "staging": best and best["name"]}, "registered.json")
+    return {
+        "model_name": name,
+        "registered": registered,
+        "staging": best["name"] if best else None,
+        "staging_version": registered[best["name"]] if best else None,
+        "staging_before": staging_before,
+        "why_no_staging": None if best else "no quantized variant passed the gate: " + "; ".join(
+            f"{r['name']}: {', '.join(r['reasons'])}" for r in rows if r["quantized"]
+        ),
+    }
+
+
+@flow(name="register", log_prints=True)
+def register(profile: str, ctx: ReleaseContext, gate_report: ArtifactRef, lineage: dict[str, ArtifactRef]) -> dict:
+    """Gate report in, registered versions and the `staging` alias out."""
+    return register_passing(gate_report, lineage, ctx)

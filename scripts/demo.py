@@ -1,0 +1,71 @@
+"""`make demo`: run the release deployment on the CPU demo profile, then chat with what it deployed.
+
+    python scripts/demo.py --profile configs/demo-cpu.yaml
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def main() -> int:
+    from mlflow import MlflowClient
+    from prefect.deployments import run_deployment
+
+    from tasks.config import load_profile
+    from tasks.report import table
+    from tasks.runs import tracking_uri
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--profile", default="configs/demo-cpu.yaml")
+    a = ap.parse_args()
+    p = load_profile(a.profile)
+    t0 = time.time()
+    print(f"Running the release deployment with {a.profile} (follow it in the Prefect UI) …", flush=True)
+    fr = run_deployment("release/release", parameters={"profile": a.profile, "deploy": "pool"}, timeout=None)
+    import os
+
+    ui = os.environ.get("PREFECT_UI_URL", "http://127.0.0.1:4200")
+    run_url = f"{ui}/runs/flow-run/{fr.id}"
+    if not fr.state.is_completed():
+        print(f"release ended {fr.state.type.value}: {fr.state.message}\n{run_url}", file=sys.stderr)
+        return 1
+    report = fr.state.result()
+    print(f"\nRelease {report['release_id']} finished in {time.time() - t0:.0f} s\n")
+    print(table(report["variants"]))
+    print(f"\nstaging: {report['staging']} (version {report['staging_version']})")
+    s = report["student"]
+    print(f"student: {s['student_layers']} layers, top-1 agreement with teacher {s['student_top1_vs_teacher']:.1%}, "
+          f"perplexity {s['student_ppl']:.1f} vs teacher {s['teacher_ppl']:.1f}")
+    server = f"http://{p.deploy.host}:{p.deploy.port}"
+    if report.get("deploy"):
+        question = "Name three uses of a microcontroller."
+        print(f"\nStreaming a chat from the deployed {report['staging']} engine at {server}:\n> {question}\n", flush=True)
+        body = {"model": p.registry.model_name, "messages": [{"role": "user", "content": question}], "max_tokens": 96, "stream": True}
+        with httpx.stream("POST", f"{server}/v1/chat/completions", json=body, timeout=120) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    for ch in json.loads(line[6:]).get("choices", []):
+                        print(ch.get("delta", {}).get("content") or "", end="", flush=True)
+        print()
+    c = MlflowClient(tracking_uri())
+    exp_id = c.get_run(report["mlflow_parent_run_id"]).info.experiment_id
+    print(f"\nReport:       {REPO / 'reports' / (report['release_id'] + '.md')}")
+    print(f"Prefect run:  {run_url}")
+    print(f"MLflow run:   {tracking_uri()}/#/experiments/{exp_id}/runs/{report['mlflow_parent_run_id']}")
+    print(f"Edge server:  {server}  (OpenAI-compatible: {server}/v1/chat/completions)")
+    print("Stop everything with: make down")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,155 @@
+"""Local services for the demo and the tests: Prefect server, MLflow server, work pools and workers.
+
+    python scripts/services.py up      # start what does not already answer; idempotent
+    python scripts/services.py down    # stop everything this script (and deploy-edge) started, by pid
+    python scripts/services.py env     # print the environment a shell needs to talk to them
+
+Ports and places come from the environment: EDGEFLOW_HOME (.edgeflow), EDGEFLOW_PREFECT_PORT (4200),
+EDGEFLOW_MLFLOW_PORT (5055), EDGEFLOW_POOLS (a100,orin,cpu).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def settings() -> dict[str, str]:
+    home = Path(os.environ.get("EDGEFLOW_HOME", REPO / ".edgeflow")).resolve()
+    return {
+        "home": str(home),
+        "prefect_port": os.environ.get("EDGEFLOW_PREFECT_PORT", "4200"),
+        "mlflow_port": os.environ.get("EDGEFLOW_MLFLOW_PORT", "5055"),
+        "pools": os.environ.get("EDGEFLOW_POOLS", "a100,orin,cpu"),
+    }
+
+
+def service_env(s: dict[str, str] | None = None) -> dict[str, str]:
+    """Variables every process of the pipeline needs (the workers pass them on to flow runs)."""
+    s = s or settings()
+    home = Path(s["home"])
+    return {
+        "PREFECT_HOME": str(home / "prefect"),
+        "PREFECT_API_URL": f"http://127.0.0.1:{s['prefect_port']}/api",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_URL": f"http://127.0.0.1:{s['prefect_port']}",
+        # Results persist so that a retried release skips stages whose inputs did not change.
+        "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "true",
+        "PREFECT_LOCAL_STORAGE_PATH": str(home / "prefect" / "storage"),
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+        "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{s['mlflow_port']}",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "EDGEFLOW_REPO": str(REPO),
+        "EDGEFLOW_HOME": str(home),
+    }
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _spawn(name: str, cmd: list[str], env: dict[str, str], home: Path) -> int:
+    (home / "logs").mkdir(parents=True, exist_ok=True)
+    (home / "run").mkdir(parents=True, exist_ok=True)
+    with open(home / "logs" / f"{name}.log", "ab") as log:
+        # Own session: survives the shell that ran `make demo`, and `down` can signal the whole group.
+        proc = subprocess.Popen(cmd, cwd=REPO, env=os.environ | env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    (home / "run" / f"{name}.pid").write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
+def _wait(url: str, timeout: float, name: str, home: Path) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if _answers(url):
+            return
+        time.sleep(0.5)
+    tail = (home / "logs" / f"{name}.log").read_text()[-2000:] if (home / "logs" / f"{name}.log").exists() else ""
+    raise SystemExit(f"{name} did not answer {url} within {timeout:.0f}s; log tail:\n{tail}")
+
+
+def up() -> None:
+    s = settings()
+    home = Path(s["home"])
+    env = service_env(s)
+    prefect_health = f"http://127.0.0.1:{s['prefect_port']}/api/health"
+    mlflow_health = f"http://127.0.0.1:{s['mlflow_port']}/health"
+    started = []
+    if not _answers(prefect_health):
+        _spawn("prefect-server", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", s["prefect_port"]], env, home)
+        started.append(("prefect-server", prefect_health))
+    if not _answers(mlflow_health):
+        (home / "mlflow").mkdir(parents=True, exist_ok=True)
+        _spawn("mlflow-server", [
+            str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", s["mlflow_port"],
+            "--backend-store-uri", f"sqlite:///{home / 'mlflow' / 'mlflow.db'}",
+            "--artifacts-destination", str(home / "mlflow" / "artifacts"), "--workers", "1",
+        ], env, home)
+        started.append(("mlflow-server", mlflow_health))
+    for name, url in started:
+        _wait(url, 180, name, home)
+    for pool in s["pools"].split(","):
+        r = subprocess.run([str(BIN / "prefect"), "work-pool", "inspect", pool], env=os.environ | env, capture_output=True, cwd=REPO)
+        if r.returncode != 0:
+            subprocess.run([str(BIN / "prefect"), "work-pool", "create", pool, "--type", "process"], env=os.environ | env,
+                           check=True, capture_output=True, cwd=REPO)
+        pidfile = home / "run" / f"worker-{pool}.pid"
+        if not (pidfile.exists() and _alive(int(pidfile.read_text()))):
+            _spawn(f"worker-{pool}", [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--name", f"local-{pool}"], env, home)
+    r = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env=os.environ | env, cwd=REPO, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"prefect deploy --all failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    print(f"Prefect UI  {env['PREFECT_UI_URL']}\nMLflow UI   {env['MLFLOW_TRACKING_URI']}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def down() -> None:
+    home = Path(settings()["home"])
+    run = home / "run"
+    for pidfile in sorted(run.glob("*.pid")) if run.exists() else []:
+        pid = int(pidfile.read_text().split()[0])
+        # SIGINT first: Prefect workers exit cleanly on it and are slow on SIGTERM.
+        for sig, wait in ((signal.SIGINT, 10), (signal.SIGTERM, 10), (signal.SIGKILL, 2)):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.time() + wait
+            while time.time() < deadline and _alive(pid):
+                time.sleep(0.2)
+            if not _alive(pid):
+                break
+        pidfile.unlink(missing_ok=True)
+        print(f"stopped {pidfile.stem} (pid {pid})")
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1] if len(sys.argv) > 1 else "up"
+    if cmd == "up":
+        up()
+    elif cmd == "down":
+        down()
+    elif cmd == "env":
+        print("\n".join(f"export {k}={v}" for k, v in service_env().items()))
+    else:
+        raise SystemExit(__doc__)

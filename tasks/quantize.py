@@ -1,0 +1,138 @@
+"""Quantization with llm-compressor `oneshot`: one recipe file per variant, passed through unchanged.
+
+Tiny CPU run: python -m flows.quantize --profile configs/test-tiny.yaml
+"""
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+from pathlib import Path
+
+import torch
+import yaml
+
+from tasks.artifacts import write_manifest
+
+
+def _cpu_pin_memory_workaround() -> None:
+    """Make llm-compressor's AWQ cache pinning a no-op when there is no CUDA device.
+
+    llm-compressor 0.14's AWQ pins cached activations (`IntermediatesCache.pin_memory`) to speed up
+    host-to-GPU copies during its grid search. On a CPU-only torch build `Tensor.pin_memory()` raises
+    (no accelerator to pin for), so AWQ cannot run at all. Pinning only ever helps H2D copies, so on a
+    machine without CUDA skipping it changes nothing but the crash. This is the only place that patches
+    llm-compressor; tests/tasks/test_quantize.py runs AWQ on the CPU and fails if it is removed.
+    """
+    if torch.cuda.is_available():
+        return
+    from llmcompressor.pipelines.cache import IntermediatesCache
+
+    IntermediatesCache.pin_memory = lambda self, batch_index, input_names=None: None
+
+
+def load_recipe(path: Path, overrides: dict[str, dict] | None = None) -> dict:
+    """Read a recipe YAML; `overrides` patches fields of named modifiers (e.g. AWQ n_grid for tiny profiles)."""
+    recipe = yaml.safe_load(Path(path).read_text())
+    if not overrides:
+        return recipe
+    recipe = copy.deepcopy(recipe)
+    for stage in recipe.values():
+        for group in stage.values():
+            for name, fields in group.items():
+                if name in overrides:
+                    fields.update(overrides[name])
+    return recipe
+
+
+def _modifiers(recipe: dict):
+    for stage in recipe.values():
+        for group in stage.values():
+            yield from group.items()
+
+
+def _matches(name: str, module: torch.nn.Module, patterns: list[str]) -> bool:
+    for p in patterns:
+        if p.startswith("re:"):
+            if re.match(p[3:], name):
+                return True
+        elif p == type(module).__name__ or name == p or name.endswith("." + p):
+            return True
+    return False
+
+
+def check_group_sizes(model: torch.nn.Module, recipe: dict) -> None:
+    """Fail before calibration if a group size does not divide a targeted layer's input width.
+
+    Group quantization needs in_features % group_size == 0 (SmolLM2's 576-wide projections rule out 128).
+    """
+    for modifier, fields in _modifiers(recipe):
+        ignore = fields.get("ignore", [])
+        for gname, group in (fields.get("config_groups") or {}).items():
+            w = group.get("weights") or {}
+            gs = w.get("group_size")
+            if w.get("strategy") != "group" or not gs:
+                continue
+            targets = group.get("targets", ["Linear"])
+            for name, mod in model.named_modules():
+                if not isinstance(mod, torch.nn.Linear) or _matches(name, mod, ignore) or not _matches(name, mod, targets):
+                    continue
+                width = mod.in_features
+                if width % gs:
+                    valid = [g for g in (16, 32, 64, 128, 256) if width % g == 0]
+                    raise ValueError(
+                        f"{modifier}.config_groups.{gname}.weights.group_size={gs} does not divide layer "
+                        f"{name!r} (input width {width}); valid group sizes for this model: {valid}. "
+                        f"Set group_size to one of them in the recipe, or add the layer to `ignore`."
+                    )
+
+
+def recipe_scheme(recipe: dict) -> dict:
+    """The weight scheme a recipe applies (bits, group size, symmetry, act-order), for reports and engines."""
+    for _, fields in _modifiers(recipe):
+        for group in (fields.get("config_groups") or {}).values():
+            w = group.get("weights") or {}
+            return {
+                "bits": w.get("num_bits"),
+                "group_size": w.get("group_size"),
+                "symmetric": w.get("symmetric"),
+                "actorder": w.get("actorder"),
+            }
+        if fields.get("scheme"):
+            return {"scheme": fields["scheme"]}
+    return {}
+
+
+def quantize(student_dir: Path, recipe: dict, calibration_ids: list[list[int]], out_dir: Path) -> dict:
+    """Setup → oneshot → save compressed. Returns facts about the produced checkpoint."""
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _cpu_pin_memory_workaround()
+    tokenizer = AutoTokenizer.from_pretrained(student_dir)
+    model = AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float32)
+    check_group_sizes(model, recipe)
+
+    ds = Dataset.from_dict(
+        {"input_ids": calibration_ids, "attention_mask": [[1] * len(x) for x in calibration_ids]}
+    )
+    max_len = max(len(x) for x in calibration_ids)
+    oneshot(
+        model=model,
+        tokenizer=tokenizer,
+        dataset=ds,
+        recipe=yaml.safe_dump(recipe),  # llm-compressor takes a path or a YAML string, not a dict
+        num_calibration_samples=len(calibration_ids),
+        max_seq_length=max_len,
+        shuffle_calibration_samples=False,
+    )
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, save_compressed=True)
+    tokenizer.save_pretrained(tmp)
+    write_manifest(tmp)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    size = sum(p.stat().st_size for p in out_dir.rglob("*.safetensors"))
+    return {"size_mb": size / 2**20, "scheme": recipe_scheme(recipe)}

@@ -1,0 +1,48 @@
+"""MLflow registry: versions with lineage tags, aliases, and downloads by alias."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from tasks.runs import tracking_uri
+
+
+def client() -> MlflowClient:
+    return MlflowClient(tracking_uri(), registry_uri=tracking_uri())
+
+
+def ensure_model(c: MlflowClient, name: str) -> None:
+    try:
+        c.get_registered_model(name)
+    except MlflowException:
+        c.create_registered_model(name, description="edgeflow student, quantized; each version ships checkpoint + engine.")
+
+
+def register_version(c: MlflowClient, name: str, run_id: str, artifact_path: str, tags: dict[str, str]) -> str:
+    """Register the run's artifact directory as a new model version; returns the version number."""
+    ensure_model(c, name)
+    mv = c.create_model_version(name, source=f"runs:/{run_id}/{artifact_path}", run_id=run_id, tags=tags)
+    return mv.version
+
+
+def alias_version(c: MlflowClient, name: str, alias: str) -> str | None:
+    """The version an alias points to, or None if unset."""
+    try:
+        return c.get_model_version_by_alias(name, alias).version
+    except MlflowException:
+        return None
+
+
+def download(name: str, alias: str, dest: Path) -> tuple[str, Path]:
+    """Download `models:/name@alias` into dest; returns (version, local path)."""
+    import mlflow.artifacts
+
+    c = client()
+    mv = c.get_model_version_by_alias(name, alias)
+    dest.mkdir(parents=True, exist_ok=True)
+    local = mlflow.artifacts.download_artifacts(
+        artifact_uri=f"models:/{name}@{alias}", dst_path=str(dest), tracking_uri=tracking_uri()
+    )
+    return mv.version, Path(local)

@@ -1,0 +1,48 @@
+"""The release report: one row per variant, as JSON and as a markdown table."""
+from __future__ import annotations
+
+COLUMNS = ("name", "size_mb", "decode_tok_s", "ttft_ms", "top1_agreement", "kl", "ppl", "passed")
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown table of the report columns."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in rows:
+        lines.append("| " + " | ".join(str(r[c]) for c in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def markdown(report: dict) -> str:
+    """The whole report as markdown."""
+    s = report["student"]
+    g = report["gate"]
+    out = [
+        f"# Release {report['release_id']}",
+        "",
+        f"Profile `{report['profile']}` · staging: **{report['staging'] or 'none'}**"
+        + (f" (version {report['staging_version']})" if report.get("staging_version") else ""),
+        "",
+        table(report["variants"]),
+        "",
+        f"Gate: top-1 agreement ≥ {g['min_top1_agreement']}, mean KL ≤ {g['max_mean_kl']}, perplexity increase ≤ "
+        f"{g['max_ppl_increase']:.0%}, engine parity ≥ {g['min_engine_parity']}; measured on the built engines over "
+        f"{report['eval_prompts']} held-out prompts ({report['eval_positions']} positions) against the full-precision student.",
+        "",
+        "## Student vs teacher",
+        "",
+        f"{s['student_layers']}-layer student ({s['student_params'] / 1e6:.1f} M parameters, teacher/student size ratio "
+        f"{s['size_ratio']:.1f}×), {s['steps']} distillation steps. Held-out top-1 agreement with the teacher "
+        f"{s['student_top1_vs_teacher']:.1%}; perplexity {s['student_ppl']:.1f} vs the teacher's {s['teacher_ppl']:.1f} "
+        f"(before training: {s['student_ppl_before_training']:.1f}); quality {s['student_quality_pct']:.0f}% of the teacher. "
+        "A short demo distillation makes a weak student: read the answers with that in mind.",
+    ]
+    failed = [r for r in report["variants"] if not r["passed"]]
+    if failed:
+        out += ["", "## Why variants failed", ""] + [f"- {r['name']}: {'; '.join(r['reasons'])}" for r in failed]
+    if report.get("why_no_staging"):
+        out += ["", f"No staging: {report['why_no_staging']}"]
+    if report.get("deploy"):
+        d = report["deploy"]
+        out += ["", "## Deployment", "", f"Server {d['url']} (version {d['version']}, {d['engine_binding']}).", "",
+                f"Smoke answer: {report['smoke_answer']!r}"]
+    return "\n".join(out) + "\n"

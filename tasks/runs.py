@@ -1,0 +1,74 @@
+"""Release context, MLflow stage runs and content-hash cache keys shared by every stage."""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.artifacts import ArtifactRef, sha256_json
+
+
+class ReleaseContext(BaseModel):
+    """Identifies one release: its id, profile and MLflow parent run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    release_id: str = Field(description="Release id, also the report's file name.")
+    profile: str = Field(description="Profile YAML path the release runs with.")
+    mlflow_parent_run_id: str = Field(description="MLflow run that parents every stage run of this release.")
+    prefect_flow_run_id: str | None = Field(default=None, description="Prefect flow run of the release.")
+
+
+def _stable(value: Any) -> Any:
+    """What of a task input identifies its content: refs by hash (not by run id or path), models by fields."""
+    if isinstance(value, ArtifactRef):
+        return {"kind": value.kind, "sha256": value.sha256}
+    if isinstance(value, ReleaseContext):
+        return None  # which release asks does not change what a stage computes
+    if isinstance(value, BaseModel):
+        return _stable(value.model_dump())
+    if isinstance(value, dict):
+        return {k: _stable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_stable(v) for v in value]
+    return value
+
+
+def content_key(context, parameters: dict[str, Any]) -> str:
+    """Prefect cache key: task name + profile fields + upstream sha256s, so a retry or re-run reuses
+    a stage whose inputs did not change, across flow runs, and recomputes it when they did."""
+    return f"{context.task.name}-{sha256_json(_stable(parameters))[:32]}"
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI", "http://127.0.0.1:5055")
+
+
+@contextmanager
+def stage_run(ctx: ReleaseContext, stage: str, params: dict | None = None) -> Iterator[tuple[Any, str]]:
+    """A child MLflow run under the release's parent run; marked FAILED if the stage raises."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri())
+    parent = client.get_run(ctx.mlflow_parent_run_id)
+    run = client.create_run(
+        parent.info.experiment_id,
+        run_name=stage,
+        tags={
+            "mlflow.parentRunId": ctx.mlflow_parent_run_id,
+            "edgeflow.release_id": ctx.release_id,
+            "edgeflow.stage": stage,
+            "edgeflow.profile": ctx.profile,
+        },
+    )
+    run_id = run.info.run_id
+    for k, v in (params or {}).items():
+        client.log_param(run_id, k, str(v)[:6000])
+    try:
+        yield client, run_id
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    client.set_terminated(run_id, "FINISHED")
