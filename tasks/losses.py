@@ -26,4 +26,4 @@ def kd_loss(
     kl = (log_pt.exp() * (log_pt - log_ps)).sum(-1).mean() * temperature**2
     ce = F.cross_entropy(s, labels[mask])
     loss = alpha * kl + (1 - alpha) * ce
-    return loss, {"kl": float(kl), "ce": float(ce), "loss": float(loss)}
+    return loss, {"kl": kl.item(), "ce": ce.item(), "loss": loss.item()}

@@ -110,7 +110,7 @@ def quantize(student_dir: Path, recipe: dict, calibration_ids: list[list[int]], 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _cpu_pin_memory_workaround()
-    tokenizer = AutoTokenizer.from_pretrained(student_dir)
+    tokenizer = AutoTokenizer.from_pretrained(student_dir)  # oneshot needs a processor even for pre-tokenized data
     model = AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float32)
     check_group_sizes(model, recipe)
 
@@ -130,7 +130,7 @@ def quantize(student_dir: Path, recipe: dict, calibration_ids: list[list[int]], 
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, save_compressed=True)
-    tokenizer.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)  # the engine build copies it next to the engine
     write_manifest(tmp)
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)

