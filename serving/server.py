@@ -1,0 +1,1139 @@
+"""Edge server: an OpenAI-compatible HTTP API in front of one compiled edgeflow engine.
+
+    python -m serving.server --engine engines/cpu --host 127.0.0.1 --port 8000
+
+Endpoints: POST /v1/chat/completions, POST /v1/completions (streaming SSE and not),
+GET /v1/models, GET /health (deep probe: one real token through the engine), GET /ready,
+GET /metrics (Prometheus).
+
+Design notes (the why):
+
+* Hardware-agnostic. The server only calls the engine interface of `tasks.engines`
+  (`check_compatible`, `load`, `generate`) on the backend named in the settings; it never looks
+  at the device. `engine.json` in the engine dir says which backend built it, and the tokenizer
+  and chat template are read from the same dir, so what is served is exactly what was built.
+* Decoding is greedy only (that is what the engines implement and what the consistency gate
+  measured). `temperature`, `top_p`, `seed` and `user` are accepted so that stock OpenAI clients
+  work, and ignored; `n` must be 1. Any other field is rejected (422) rather than silently ignored.
+* Engine calls block, so each generation runs in a worker thread of one executor with
+  `max_concurrency + 1` threads: `max_concurrency` for requests, one kept free for /health and
+  the warm-up so a busy server still answers its probes. A request beyond `max_concurrency`
+  waits in a queue of at most `max_queue`; beyond that it gets 429 + Retry-After at once
+  (shedding load early beats letting every client time out).
+* A slot is released when the worker thread has really stopped, not when the client leaves:
+  the concurrency bound is about CPU/GPU work, and a cancelled generation stops at its next token.
+* Every generation has a deadline (`request_timeout_s`, counted from arrival, queueing included).
+  Past it the client gets 504, or an SSE error event if the stream already started; a connection
+  is never left open silently.
+* Streaming text is produced by decoding the whole generated id list after each token and sending
+  the new suffix (held back while it ends in an incomplete UTF-8 sequence), so byte-level BPE
+  pieces of a multi-byte character render right. The non-streaming answer is the concatenation of
+  the very same deltas, so both modes return identical text.
+* Status codes recorded for streams that already answered 200 describe the outcome: 499 client
+  went away, 504 deadline, 500 engine error (the nginx/OpenAI conventions).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import itertools
+import json
+import logging
+import re
+import sys
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+from types import ModuleType
+from typing import Annotated, Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from serving.access_log import AccessLog
+
+log = logging.getLogger("edgeflow.serving")
+
+MiB = 1 << 20
+CHAT_ENDPOINT = "/v1/chat/completions"
+COMPLETIONS_ENDPOINT = "/v1/completions"
+
+
+# --------------------------------------------------------------------------------------------
+# Settings
+# --------------------------------------------------------------------------------------------
+
+
+class ServerSettings(BaseModel):
+    """Everything the server can be told; each field is also a CLI flag (--max-queue, …)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_name: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Model id clients must send as `model` and /v1/models lists; defaults to the engine directory's name.",
+    )
+    backend: str = Field(default="cpu", description="Engine backend (tasks.engines.BACKENDS key); must match engine.json.")
+    max_prompt_tokens: int = Field(default=2048, ge=1, description="Longest accepted prompt, in tokens after the chat template.")
+    max_tokens_limit: int = Field(default=512, ge=1, description="Largest `max_tokens` a request may ask for.")
+    max_context: int = Field(default=2560, ge=2, description="Prompt tokens + max_tokens must not exceed this.")
+    max_body_bytes: int = Field(default=1 * MiB, ge=1024, description="Largest accepted request body, in bytes (413 beyond).")
+    max_concurrency: int = Field(default=2, ge=1, description="Generations running at once (worker threads for requests).")
+    max_queue: int = Field(default=8, ge=0, description="Requests allowed to wait for a slot; more get 429 at once.")
+    request_timeout_s: float = Field(
+        default=60.0, gt=0, description="Deadline per request from arrival (queueing included); 504 or an SSE error past it."
+    )
+    health_timeout_s: float = Field(default=10.0, gt=0, description="/health fails (503) if the one-token probe takes longer.")
+    access_log: Path | None = Field(default=None, description="JSONL access log path (one line per finished request); off if unset.")
+    access_log_max_bytes: int = Field(default=64 * MiB, ge=1024, description="Rotate the access log before it grows past this size.")
+    access_log_backups: int = Field(default=5, ge=0, description="Rotated access log files kept (access.jsonl.1 … .N).")
+    engine_version: str | None = Field(
+        default=None,
+        description="Version string reported in logs, metrics and system_fingerprint; defaults to engine.json's "
+        "engine_version, else backend + checkpoint sha256 prefix.",
+    )
+
+    @model_validator(mode="after")
+    def _limits_consistent(self) -> ServerSettings:
+        if self.max_prompt_tokens >= self.max_context:
+            raise ValueError(
+                f"max_prompt_tokens={self.max_prompt_tokens} must be below max_context={self.max_context} "
+                "(a full-length prompt must leave room for at least one new token)"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# OpenAI request schemas
+# --------------------------------------------------------------------------------------------
+
+
+class _Request(BaseModel):
+    # Unknown fields are rejected: a client asking for e.g. logit_bias or tools must not get a
+    # plausible-looking answer that ignored it.
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"] = Field(description="Only text parts are supported.")
+    text: StrictStr = Field(description="The text.")
+
+
+class ChatMessage(BaseModel):
+    # Clients attach extras such as `name`; they do not change what the template renders.
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "user", "assistant"] = Field(description="Who said it.")
+    content: StrictStr | list[TextPart] = Field(description="Text, or a list of text parts (joined).")
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: StrictBool = Field(default=False, description="Send a final chunk with token usage.")
+
+
+class _GenerationRequest(_Request):
+    model: StrictStr = Field(description="Must equal the served model name.")
+    max_tokens: Annotated[StrictInt, Field(gt=0)] | None = Field(default=None, description="New tokens at most.")
+    stream: StrictBool = Field(default=False, description="Server-sent events instead of one JSON answer.")
+    stream_options: StreamOptions | None = Field(default=None, description="include_usage for streams.")
+    # Accepted for client compatibility and ignored: decoding is greedy (see module docstring).
+    temperature: float | None = Field(default=None, ge=0, le=2, description="Ignored: greedy decoding.")
+    top_p: float | None = Field(default=None, ge=0, le=1, description="Ignored: greedy decoding.")
+    seed: StrictInt | None = Field(default=None, description="Ignored: greedy decoding is deterministic.")
+    user: StrictStr | None = Field(default=None, description="Ignored (end-user id).")
+    n: Literal[1] = Field(default=1, description="Only one choice per request.")
+
+
+class ChatRequest(_GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1, description="The conversation, rendered by the chat template.")
+    max_completion_tokens: Annotated[StrictInt, Field(gt=0)] | None = Field(
+        default=None, description="Newer OpenAI name for max_tokens."
+    )
+
+
+class CompletionRequest(_GenerationRequest):
+    prompt: StrictStr | Annotated[list[StrictStr], Field(min_length=1, max_length=1)] = Field(
+        description="Raw prompt text (a list of exactly one string is accepted too)."
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------------------------
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    404: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    499: "client_closed_request",
+    500: "server_error",
+    503: "service_unavailable",
+    504: "timeout",
+}
+
+
+class ApiError(Exception):
+    """An answer in OpenAI's error shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": _ERROR_TYPES.get(self.status, "server_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|.*[\[\]-].*)$")
+
+
+def _validation_error(exc: ValidationError) -> ApiError:
+    parts, first_loc = [], None
+    for err in exc.errors(include_url=False):
+        # Union members add their type name ("str", "list[TextPart]") to the location; drop those
+        # so the path reads like the JSON the client sent.
+        loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and _UNION_TAG.match(p)))
+        first_loc = first_loc or loc or None
+        got = err.get("input")
+        shown = "" if err["type"] == "missing" else f" (got {json.dumps(got, default=str)[:80]})"
+        parts.append(f"{loc or 'body'}: {err['msg']}{shown}")
+    return ApiError(422, "; ".join(parts), param=first_loc, code="invalid_value")
+
+
+# --------------------------------------------------------------------------------------------
+# Admission: max_concurrency running, max_queue waiting, 429 beyond
+# --------------------------------------------------------------------------------------------
+
+
+class QueueFull(Exception):
+    pass
+
+
+class Admission:
+    """Slots and a FIFO queue, driven from the event loop thread only (so no locks)."""
+
+    def __init__(self, max_active: int, max_queue: int) -> None:
+        self.max_active = max_active
+        self.max_queue = max_queue
+        self.active = 0
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for f in self._waiters if not f.done())
+
+    async def acquire(self, timeout: float) -> None:
+        """Take a slot, waiting at most `timeout` s; QueueFull at once if the queue is full."""
+        if self.active < self.max_active and not self.waiting:
+            self.active += 1
+            return
+        if self.waiting >= self.max_queue:
+            raise QueueFull
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self.release()  # a slot was handed over just as we gave up: pass it on
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(fut)
+            raise
+
+    def release(self) -> None:
+        # Hand the slot straight to the oldest waiter (active stays the same), else free it.
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+        self.active -= 1
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics
+# --------------------------------------------------------------------------------------------
+
+
+class Metrics:
+    """Prometheus collectors in a registry owned by one app (several apps can share a process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.request_duration = Histogram(
+            "edgeflow_request_duration_seconds",
+            "Arrival to last byte of admitted generation requests.",
+            ["endpoint"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120),
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "edgeflow_queue_time_seconds",
+            "Time an admitted request waited for a generation slot.",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60),
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "edgeflow_time_to_first_token_seconds",
+            "Arrival to first generated token (queueing and prefill included).",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30),
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "edgeflow_time_per_output_token_seconds",
+            "Mean inter-token time of a request (decode speed), after the first token.",
+            buckets=(0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1),
+            registry=r,
+        )
+        self.prompt_tokens = Counter("edgeflow_prompt_tokens", "Prompt tokens of admitted requests.", registry=r)
+        self.generation_tokens = Counter("edgeflow_generation_tokens", "Tokens generated.", registry=r)
+        self.requests = Counter(
+            "edgeflow_requests", "Finished generation requests by endpoint and status.", ["endpoint", "status"], registry=r
+        )
+        self.in_flight = Gauge("edgeflow_requests_in_flight", "Generations holding a slot (running).", registry=r)
+        self.queue_depth = Gauge("edgeflow_queue_depth", "Requests waiting for a slot.", registry=r)
+        self.engine = Info("edgeflow_engine", "The engine being served.", registry=r)
+
+
+# --------------------------------------------------------------------------------------------
+# Engine runtime: tokenizer, session, warm-up, health probe
+# --------------------------------------------------------------------------------------------
+
+_VERSION_RE = re.compile(r"^\d+(\.\d+)+\S*$")
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class DeadlineExceeded(Exception):
+    pass
+
+
+class EngineFailed(Exception):
+    pass
+
+
+class Runtime:
+    """The loaded engine plus what the HTTP layer needs to talk to it."""
+
+    def __init__(self, engine_dir: Path, settings: ServerSettings) -> None:
+        from transformers import AutoTokenizer
+
+        from tasks.engines import get_backend
+
+        self.engine_dir = Path(engine_dir)
+        meta_path = self.engine_dir / "engine.json"
+        if not meta_path.exists():
+            raise FileNotFoundError(f"{self.engine_dir}: no engine.json; not an engine directory (build one first)")
+        self.meta: dict[str, Any] = json.loads(meta_path.read_text())
+        built_for = self.meta.get("backend")
+        if built_for != settings.backend:
+            raise ValueError(
+                f"{meta_path}: engine backend is {built_for!r} but the server is configured with backend={settings.backend!r}"
+            )
+        self.backend: ModuleType = get_backend(settings.backend)
+        self.settings = settings
+        # The tokenizer is cheap to load and needed to validate requests, so it loads here; the
+        # engine session loads in the background (`load`) so /ready can say 503 meanwhile.
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.engine_dir))
+        self.stop_ids = self._stop_ids()
+        self.engine_version = settings.engine_version or self._default_engine_version()
+        self.runtime_versions = {
+            k: v for k, v in sorted(self.meta.items()) if isinstance(v, str) and _VERSION_RE.match(v)
+        }
+        self.created = int(meta_path.stat().st_mtime)
+        self.session: Any = None
+        self.state = "loading"
+        self.reason = "engine is loading"
+        self.probe_ids = self.tokenizer("Hello", add_special_tokens=False)["input_ids"] or [self.stop_ids[0]]
+        self.executor = ThreadPoolExecutor(max_workers=settings.max_concurrency + 1, thread_name_prefix="engine")
+        self._probe: asyncio.Future | None = None
+
+    def _stop_ids(self) -> list[int]:
+        ids = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        # <|endoftext|> ends base-model text even when the chat eos is <|im_end|>.
+        eot = self.tokenizer.get_vocab().get("<|endoftext|>")
+        if eot is not None:
+            ids.add(int(eot))
+        if not ids:
+            raise ValueError(f"{self.engine_dir}: tokenizer has no eos_token and no <|endoftext|>; cannot stop generation")
+        return sorted(ids)
+
+    def _default_engine_version(self) -> str:
+        if self.meta.get("engine_version"):
+            return str(self.meta["engine_version"])
+        sha = self.meta.get("checkpoint_sha256")
+        return f"{self.meta['backend']}-{sha[:12]}" if sha else str(self.meta["backend"])
+
+    def engine_info(self) -> dict[str, Any]:
+        return {"backend": self.meta["backend"], "runtime": self.runtime_versions, "engine_version": self.engine_version}
+
+    async def load(self) -> None:
+        """Load the session and run one warm-up generation, then mark ready (or failed, with why)."""
+        loop = asyncio.get_running_loop()
+        try:
+            self.session = await loop.run_in_executor(self.executor, self.backend.load, self.engine_dir)
+            warm = await loop.run_in_executor(self.executor, self._generate_n, 2)
+            log.info("engine %s ready (warm-up produced %d tokens)", self.engine_version, warm)
+            self.state, self.reason = "ready", "ready"
+        except Exception as e:  # noqa: BLE001 - any load failure must show up in /ready and /health
+            log.exception("engine load failed")
+            self.state, self.reason = "failed", f"engine load failed: {type(e).__name__}: {e}"
+
+    def _generate_n(self, n: int) -> int:
+        # No stop ids: the probe must exercise a real decode step even if the model would stop.
+        gen = self.backend.generate(self.session, list(self.probe_ids), n, [])
+        try:
+            return len(list(itertools.islice(gen, n)))
+        finally:
+            close = getattr(gen, "close", None)
+            if close:
+                close()
+
+    async def probe(self) -> float:
+        """One-token generation in the engine executor; seconds taken. Single flight: concurrent
+        probes share one run, and a probe still stuck from before is awaited, not duplicated."""
+        if self.state != "ready":
+            raise EngineFailed(self.reason)
+        if self._probe is None or self._probe.done():
+            loop = asyncio.get_running_loop()
+
+            def timed() -> float:
+                t0 = time.monotonic()
+                if self._generate_n(1) != 1:
+                    raise RuntimeError("engine produced no token for the health probe")
+                return time.monotonic() - t0
+
+            self._probe = loop.run_in_executor(self.executor, timed)
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._probe), self.settings.health_timeout_s)
+        except TimeoutError:
+            raise EngineFailed(
+                f"engine did not produce a token within health_timeout_s={self.settings.health_timeout_s}"
+            ) from None
+        except Exception as e:  # noqa: BLE001
+            raise EngineFailed(f"health probe failed: {type(e).__name__}: {e}") from None
+
+    def device_utilization(self) -> float | None:
+        # Optional backend hook (GPU backends may report utilisation); absent means "not applicable".
+        hook = getattr(self.backend, "device_utilization", None)
+        if hook is None or self.session is None:
+            return None
+        with contextlib.suppress(Exception):
+            return hook(self.session)
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# One generation: worker thread -> asyncio queue -> consumer
+# --------------------------------------------------------------------------------------------
+
+
+class Generation:
+    """Runs `backend.generate` in a worker thread and hands tokens to the event loop.
+
+    The thread checks `cancel` after every token, so a cancelled generation (client gone,
+    deadline) stops at its next token; `on_done` runs on the loop once the thread has exited.
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        input_ids: list[int],
+        max_new_tokens: int,
+        deadline: float,
+        on_done: Callable[[], None],
+    ) -> None:
+        self.runtime = runtime
+        self.input_ids = input_ids
+        self.max_new_tokens = max_new_tokens
+        self.deadline = deadline
+        self.loop = asyncio.get_running_loop()
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.on_done = on_done
+        self.token_times: list[float] = []
+
+    def start(self) -> None:
+        self.runtime.executor.submit(self._run)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def _post(self, item: tuple) -> None:
+        with contextlib.suppress(RuntimeError):  # loop already closed at shutdown
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+
+    def _run(self) -> None:
+        gen = None
+        try:
+            gen = self.runtime.backend.generate(
+                self.runtime.session, self.input_ids, self.max_new_tokens, self.runtime.stop_ids
+            )
+            for token in gen:
+                if self.cancelled.is_set():
+                    break
+                self._post(("token", int(token), time.monotonic()))
+                if time.monotonic() >= self.deadline:
+                    self._post(("timeout",))
+                    break
+        except Exception as e:  # noqa: BLE001 - reported to the client as an engine error
+            log.exception("generation failed")
+            self._post(("error", f"{type(e).__name__}: {e}"))
+        finally:
+            if gen is not None and hasattr(gen, "close"):
+                with contextlib.suppress(Exception):
+                    gen.close()
+            self._post(("end",))
+            with contextlib.suppress(RuntimeError):
+                self.loop.call_soon_threadsafe(self.on_done)
+
+    async def tokens(self) -> AsyncIterator[int]:
+        """Token ids as produced; DeadlineExceeded past the deadline, EngineFailed on engine errors."""
+        while True:
+            remaining = self.deadline - time.monotonic()
+            try:
+                if remaining <= 0:
+                    raise TimeoutError
+                # Waiting here (not only in the thread) bounds the wait even if one engine step hangs.
+                item = await asyncio.wait_for(self.events.get(), remaining)
+            except TimeoutError:
+                self.cancel()
+                raise DeadlineExceeded from None
+            kind = item[0]
+            if kind == "token":
+                self.token_times.append(item[2])
+                yield item[1]
+            elif kind == "timeout":
+                raise DeadlineExceeded
+            elif kind == "error":
+                raise EngineFailed(item[1])
+            else:
+                return
+
+
+class IncrementalDecoder:
+    """Decode the whole id list after each token; emit only the new suffix (see module docstring)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.emitted = ""
+
+    def _decode(self) -> str:
+        return self.tokenizer.decode(self.ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        text = self._decode()
+        if text.endswith("\ufffd"):
+            return ""  # an incomplete UTF-8 sequence: wait for the token carrying the rest
+        return self._advance(text)
+
+    def flush(self) -> str:
+        return self._advance(self._decode())
+
+    def _advance(self, text: str) -> str:
+        # Byte-level BPE decodes prefix-stably, so `text` extends what was sent; were it ever not
+        # to, the client keeps what it already has and the non-streaming answer (built from the
+        # same deltas) stays identical to the stream.
+        delta = text[len(self.emitted):]
+        self.emitted += delta
+        return delta
+
+
+# --------------------------------------------------------------------------------------------
+# Per-request bookkeeping: metrics + access log, exactly once
+# --------------------------------------------------------------------------------------------
+
+
+class RequestRecord:
+    def __init__(self, app_state: AppState, endpoint: str, prefix: str) -> None:
+        self.state = app_state
+        self.endpoint = endpoint
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.started = time.monotonic()
+        self.created = int(time.time())
+        self.model: str | None = None
+        self.input: Any = None
+        self.input_key = "messages" if endpoint == CHAT_ENDPOINT else "prompt"
+        self.prompt_tokens: int | None = None
+        self.completion_tokens = 0
+        self.response: str | None = None
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.admitted = False
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self.done = False
+
+    def token(self, t: float) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = t
+            self.state.metrics.ttft.observe(max(0.0, t - self.started))
+        self.last_token_at = t
+        self.completion_tokens += 1
+
+    def finish(self, status: int) -> None:
+        if self.done:
+            return
+        self.done = True
+        now = time.monotonic()
+        m = self.state.metrics
+        m.requests.labels(endpoint=self.endpoint, status=str(status)).inc()
+        if self.admitted:
+            m.request_duration.labels(endpoint=self.endpoint).observe(now - self.started)
+            m.prompt_tokens.inc(self.prompt_tokens or 0)
+            m.generation_tokens.inc(self.completion_tokens)
+            if self.completion_tokens > 1 and self.first_token_at is not None and self.last_token_at is not None:
+                m.tpot.observe((self.last_token_at - self.first_token_at) / (self.completion_tokens - 1))
+        if self.state.access_log is not None:
+            self.state.access_log.write(
+                {
+                    "ts": _utc_now(),
+                    "id": self.id,
+                    "kind": "request",
+                    "endpoint": self.endpoint,
+                    "model": self.model,
+                    "engine_version": self.state.runtime.engine_version,
+                    self.input_key: self.input,
+                    "response": self.response,
+                    "finish_reason": self.finish_reason,
+                    "status": status,
+                    "error": self.error,
+                    "prompt_tokens": self.prompt_tokens,
+                    "completion_tokens": self.completion_tokens,
+                    "ttft_ms": None if self.first_token_at is None else round((self.first_token_at - self.started) * 1000, 2),
+                    "duration_ms": round((now - self.started) * 1000, 2),
+                }
+            )
+
+    def fail(self, err: ApiError) -> JSONResponse:
+        self.error = err.message
+        self.finish(err.status)
+        return err.response()
+
+
+class AppState:
+    def __init__(self, runtime: Runtime, settings: ServerSettings) -> None:
+        self.runtime = runtime
+        self.settings = settings
+        self.metrics = Metrics()
+        self.admission = Admission(settings.max_concurrency, settings.max_queue)
+        self.access_log = (
+            AccessLog(settings.access_log, settings.access_log_max_bytes, settings.access_log_backups)
+            if settings.access_log
+            else None
+        )
+        self.generations: set[Generation] = set()
+        self.metrics.in_flight.set_function(lambda: self.admission.active)
+        self.metrics.queue_depth.set_function(lambda: self.admission.waiting)
+        self.metrics.engine.info(
+            {"backend": runtime.meta["backend"], "engine_version": runtime.engine_version, "model": settings.model_name or ""}
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Request handling
+# --------------------------------------------------------------------------------------------
+
+
+async def _read_json(request: Request, limit: int) -> Any:
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > limit:
+        raise ApiError(
+            413, f"request body is {int(length)} bytes; the limit is max_body_bytes={limit}", code="request_too_large"
+        )
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:  # chunked uploads carry no Content-Length: stop reading at the limit
+            raise ApiError(
+                413, f"request body exceeds {limit} bytes; the limit is max_body_bytes={limit}", code="request_too_large"
+            )
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        raise ApiError(400, "request body is empty; expected a JSON object", code="invalid_json")
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+class _GenerationStream(StreamingResponse):
+    """StreamingResponse that always runs `on_close` (cancel the generation, record the request),
+    however the stream ends: normally, by client disconnect, or by the task being cancelled
+    before the body iterator ever started (its own `finally` would then never run)."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+async def _handle(request: Request, state: AppState, endpoint: str) -> Response:
+    chat = endpoint == CHAT_ENDPOINT
+    s = state.settings
+    rt = state.runtime
+    rec = RequestRecord(state, endpoint, "chatcmpl" if chat else "cmpl")
+    try:
+        body = await _read_json(request, s.max_body_bytes)
+        if isinstance(body, dict):  # so rejected requests are logged with what they asked for
+            rec.model = body.get("model")
+            rec.input = body.get(rec.input_key)
+        try:
+            req = (ChatRequest if chat else CompletionRequest).model_validate(body)
+        except ValidationError as e:
+            raise _validation_error(e) from None
+        rec.model = req.model
+        if chat:
+            rec.input = [m.model_dump(mode="json") for m in req.messages]
+        else:
+            rec.input = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+        if req.model != s.model_name:
+            raise ApiError(
+                404, f"model {req.model!r} does not exist; this server serves {s.model_name!r}", param="model",
+                code="model_not_found",
+            )
+        max_tokens = req.max_completion_tokens if chat and req.max_completion_tokens is not None else req.max_tokens
+        name = "max_completion_tokens" if chat and req.max_completion_tokens is not None else "max_tokens"
+        if max_tokens is not None and max_tokens > s.max_tokens_limit:
+            raise ApiError(
+                400, f"{name}={max_tokens} exceeds this server's limit max_tokens_limit={s.max_tokens_limit}",
+                param=name, code="max_tokens_exceeded",
+            )
+        if rt.state != "ready":
+            raise ApiError(503, f"model not ready: {rt.reason}", code="not_ready", headers={"Retry-After": "5"})
+        prompt_ids = _prompt_ids(rt, req, chat)
+        rec.prompt_tokens = len(prompt_ids)
+        param = "messages" if chat else "prompt"
+        if not prompt_ids:
+            raise ApiError(400, "prompt is empty after tokenization; give at least one token", param=param)
+        if len(prompt_ids) > s.max_prompt_tokens:
+            raise ApiError(
+                400, f"prompt has {len(prompt_ids)} tokens; the limit is max_prompt_tokens={s.max_prompt_tokens}",
+                param=param, code="context_length_exceeded",
+            )
+        if max_tokens is None:
+            # OpenAI defaults: completions 16 tokens; chat "as many as fit", capped by our limit.
+            max_tokens = 16 if not chat else s.max_tokens_limit
+            max_tokens = min(max_tokens, s.max_context - len(prompt_ids))
+        elif len(prompt_ids) + max_tokens > s.max_context:
+            raise ApiError(
+                400,
+                f"prompt ({len(prompt_ids)} tokens) + {name} ({max_tokens}) = {len(prompt_ids) + max_tokens} "
+                f"exceeds the context limit max_context={s.max_context}",
+                param=name, code="context_length_exceeded",
+            )
+        deadline = rec.started + s.request_timeout_s
+        try:
+            await state.admission.acquire(max(0.0, deadline - time.monotonic()))
+        except QueueFull:
+            raise ApiError(
+                429,
+                f"server is at capacity: {state.admission.active} generating (max_concurrency={s.max_concurrency}) "
+                f"and {state.admission.waiting} waiting (max_queue={s.max_queue}); retry shortly",
+                code="rate_limit_exceeded", headers={"Retry-After": "1"},
+            ) from None
+        except TimeoutError:
+            raise ApiError(
+                504, f"waited {time.monotonic() - rec.started:.1f} s for a generation slot; "
+                f"request_timeout_s={s.request_timeout_s}", code="timeout",
+            ) from None
+        rec.admitted = True
+        state.metrics.queue_time.observe(time.monotonic() - rec.started)
+    except ApiError as e:
+        return rec.fail(e)
+
+    def released() -> None:
+        state.admission.release()
+        state.generations.discard(gen)
+
+    gen = Generation(rt, prompt_ids, max_tokens, deadline, released)
+    state.generations.add(gen)
+    try:
+        gen.start()
+    except RuntimeError as e:  # executor shut down (server stopping)
+        released()
+        return rec.fail(ApiError(503, f"server is shutting down: {e}", code="shutting_down"))
+    decoder = IncrementalDecoder(rt.tokenizer)
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return _GenerationStream(
+            _stream(state, rec, gen, decoder, chat, max_tokens, include_usage),
+            on_close=lambda: (gen.cancel(), rec.finish(499)),
+        )
+    return await _complete(request, state, rec, gen, decoder, chat, max_tokens)
+
+
+def _prompt_ids(rt: Runtime, req: ChatRequest | CompletionRequest, chat: bool) -> list[int]:
+    # Tokenizer calls stay on the event loop thread: HF fast tokenizers are not safe to call
+    # from several threads at once ("Already borrowed"), and a 1 MiB body encodes in ~0.1 s.
+    tok = rt.tokenizer
+    if chat:
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        try:
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as e:  # noqa: BLE001 - template errors (e.g. role order) are the client's
+            raise ApiError(400, f"chat template rejected the messages: {e}", param="messages") from None
+    else:
+        text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+    return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def _usage(rec: RequestRecord) -> dict[str, int]:
+    p = rec.prompt_tokens or 0
+    return {"prompt_tokens": p, "completion_tokens": rec.completion_tokens, "total_tokens": p + rec.completion_tokens}
+
+
+def _finish_reason(rec: RequestRecord, max_tokens: int) -> str:
+    return "length" if rec.completion_tokens >= max_tokens else "stop"
+
+
+async def _stream(
+    state: AppState,
+    rec: RequestRecord,
+    gen: Generation,
+    decoder: IncrementalDecoder,
+    chat: bool,
+    max_tokens: int,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    model = state.settings.model_name
+    fp = state.runtime.engine_version
+    base = {"id": rec.id, "object": "chat.completion.chunk" if chat else "text_completion", "created": rec.created,
+            "model": model, "system_fingerprint": fp}
+    extra = {"usage": None} if include_usage else {}
+
+    def chunk(text: str | None, finish: str | None, role: bool = False) -> str:
+        if chat:
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"text": text or "", "index": 0, "logprobs": None, "finish_reason": finish}
+        return _sse({**base, "choices": [choice], **extra})
+
+    status, parts = 200, []
+    try:
+        if chat:
+            yield chunk("", None, role=True)  # OpenAI opens a chat stream with the role
+        async for token in gen.tokens():
+            rec.token(gen.token_times[-1])
+            delta = decoder.push(token)
+            if delta:
+                parts.append(delta)
+                yield chunk(delta, None)
+        tail = decoder.flush()
+        if tail:
+            parts.append(tail)
+        rec.finish_reason = _finish_reason(rec, max_tokens)
+        yield chunk(tail if tail else (None if chat else ""), rec.finish_reason)
+        if include_usage:
+            yield _sse({**base, "choices": [], "usage": _usage(rec)})
+    except DeadlineExceeded:
+        status = 504
+        rec.error = (
+            f"generation exceeded request_timeout_s={state.settings.request_timeout_s} "
+            f"after {rec.completion_tokens} tokens"
+        )
+        yield _sse(ApiError(504, rec.error, code="timeout").body())
+    except EngineFailed as e:
+        status = 500
+        rec.error = f"engine error: {e}"
+        yield _sse(ApiError(500, rec.error, code="engine_error").body())
+    finally:
+        # Also runs on disconnect (CancelledError/GeneratorExit): that exception skips the
+        # rec.finish below, and the response's on_close records the request as 499 instead.
+        rec.response = "".join(parts)
+        gen.cancel()
+    rec.finish(status)
+    yield "data: [DONE]\n\n"
+
+
+async def _complete(
+    request: Request,
+    state: AppState,
+    rec: RequestRecord,
+    gen: Generation,
+    decoder: IncrementalDecoder,
+    chat: bool,
+    max_tokens: int,
+) -> Response:
+    parts: list[str] = []
+
+    async def collect() -> None:
+        async for token in gen.tokens():
+            rec.token(gen.token_times[-1])
+            parts.append(decoder.push(token))
+        parts.append(decoder.flush())
+
+    task = asyncio.create_task(collect())
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.25)
+            if done:
+                break
+            # Nobody awaits a non-streaming answer of a client that left: stop generating.
+            if await request.is_disconnected():
+                gen.cancel()
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+                rec.response = "".join(parts)
+                return rec.fail(ApiError(499, "client disconnected", code="client_closed_request"))
+        task.result()
+    except DeadlineExceeded:
+        rec.response = "".join(parts)
+        return rec.fail(
+            ApiError(
+                504,
+                f"generation exceeded request_timeout_s={state.settings.request_timeout_s} "
+                f"after {rec.completion_tokens} tokens",
+                code="timeout",
+            )
+        )
+    except EngineFailed as e:
+        rec.response = "".join(parts)
+        return rec.fail(ApiError(500, f"engine error: {e}", code="engine_error"))
+    finally:
+        gen.cancel()
+    text = "".join(parts)
+    rec.response = text
+    rec.finish_reason = _finish_reason(rec, max_tokens)
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                  "finish_reason": rec.finish_reason}
+    else:
+        choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": rec.finish_reason}
+    body = {
+        "id": rec.id,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": rec.created,
+        "model": state.settings.model_name,
+        "system_fingerprint": state.runtime.engine_version,
+        "choices": [choice],
+        "usage": _usage(rec),
+    }
+    rec.finish(200)
+    return JSONResponse(body)
+
+
+# --------------------------------------------------------------------------------------------
+# App factory
+# --------------------------------------------------------------------------------------------
+
+
+def create_app(engine_dir: Path, settings: ServerSettings) -> FastAPI:
+    """The FastAPI app for one engine. The engine loads in the background at startup (/ready)."""
+    engine_dir = Path(engine_dir)
+    if settings.model_name is None:
+        settings = settings.model_copy(update={"model_name": engine_dir.resolve().name})
+    runtime = Runtime(engine_dir, settings)
+    state = AppState(runtime, settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        loader = asyncio.create_task(runtime.load())
+        try:
+            yield
+        finally:
+            loader.cancel()
+            for gen in list(state.generations):
+                gen.cancel()
+            runtime.executor.shutdown(wait=False, cancel_futures=True)
+            if state.access_log is not None:
+                state.access_log.close()
+
+    app = FastAPI(title="edgeflow edge server", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.edgeflow = state
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown routes / wrong methods answer in the same OpenAI error shape as everything else.
+        return ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}").response()
+
+    @app.post(CHAT_ENDPOINT)
+    async def chat_completions(request: Request) -> Response:
+        return await _handle_safely(request, state, CHAT_ENDPOINT)
+
+    @app.post(COMPLETIONS_ENDPOINT)
+    async def completions(request: Request) -> Response:
+        return await _handle_safely(request, state, COMPLETIONS_ENDPOINT)
+
+    def _model_card() -> dict[str, Any]:
+        return {"id": settings.model_name, "object": "model", "created": runtime.created, "owned_by": "edgeflow"}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [_model_card()]}
+
+    @app.get("/v1/models/{model_id}")
+    async def model(model_id: str) -> Response:
+        if model_id != settings.model_name:
+            return ApiError(404, f"model {model_id!r} does not exist; this server serves {settings.model_name!r}",
+                            param="model", code="model_not_found").response()
+        return JSONResponse(_model_card())
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        base = {"model": settings.model_name, "engine": runtime.engine_info(), "gpu_util": runtime.device_utilization()}
+        try:
+            took = await runtime.probe()
+        except EngineFailed as e:
+            return JSONResponse({"status": "unhealthy", "reason": str(e), **base}, status_code=503)
+        return JSONResponse(
+            {
+                "status": "healthy",
+                **base,
+                "probe_ms": round(took * 1000, 2),
+                "in_flight": state.admission.active,
+                "queue_depth": state.admission.waiting,
+            }
+        )
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        if runtime.state == "ready":
+            return JSONResponse({"status": "ready", "model": settings.model_name})
+        return JSONResponse({"status": runtime.state, "reason": runtime.reason}, status_code=503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def _handle_safely(request: Request, state: AppState, endpoint: str) -> Response:
+    try:
+        return await _handle(request, state, endpoint)
+    except Exception as e:  # noqa: BLE001 - never a bare 500 page: answer in the OpenAI error shape
+        log.exception("unhandled error on %s", endpoint)
+        rec = RequestRecord(state, endpoint, "err")
+        return rec.fail(ApiError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error"))
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m serving.server",
+        description="Serve one edgeflow engine over an OpenAI-compatible HTTP API.",
+    )
+    p.add_argument("--engine", type=Path, required=True, help="Engine directory (engine.json + tokenizer files).")
+    p.add_argument("--host", default="127.0.0.1", help="Interface to bind (default 127.0.0.1).")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000).")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    # One flag per settings field, so the CLI can never drift from ServerSettings.
+    for name, field in ServerSettings.model_fields.items():
+        default = "" if field.default is None else f" (default {field.default})"
+        p.add_argument(_flag(name), dest=name, default=None, metavar=name.upper(), help=f"{field.description}{default}")
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    values = {k: getattr(args, k) for k in ServerSettings.model_fields if getattr(args, k) is not None}
+    return ServerSettings(**values)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import uvicorn
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+    except ValidationError as e:
+        parser.error("; ".join(f"{_flag(str(err['loc'][0])) if err['loc'] else 'settings'}: {err['msg']}" for err in e.errors()))
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from tasks.engines import EngineIncompatibleError, get_backend
+
+    # Fail fast (non-zero exit) on an engine this machine cannot run, instead of a server that
+    # only ever answers 503.
+    try:
+        app = create_app(args.engine, settings)  # checks engine.json and its backend first
+        get_backend(settings.backend).check_compatible(args.engine)
+    except (EngineIncompatibleError, ValueError, ImportError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, workers=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
