@@ -35,10 +35,10 @@ def gate_variants(
     texts = eval_texts({d: profile.resolve(p) for d, p in gate.eval_sources.items()}, gate.num_prompts, tok)
     check_no_leakage(pq.read_table(calibration.uri, columns=["text"]).column("text").to_pylist(), texts)
     seqs = tokenize(texts, tok, gate.max_tokens)
-    speed_prompt = tok.apply_chat_template(
-        [{"role": "user", "content": "Explain in a few sentences why the sky is blue."}], add_generation_prompt=True, tokenize=True
+    speed_text = tok.apply_chat_template(
+        [{"role": "user", "content": "Explain in a few sentences why the sky is blue."}], add_generation_prompt=True, tokenize=False
     )
-    speed_prompt = list(speed_prompt["input_ids"] if isinstance(speed_prompt, dict) else speed_prompt)
+    speed_prompt = tok(speed_text, add_special_tokens=False)["input_ids"]
     variants = [
         {
             "name": c.meta.get("variant", "fp32"),

@@ -13,7 +13,7 @@ import torch
 from tasks.calibration import allocate
 from tasks.config import GateConfig
 from tasks.engines import get_backend
-from tasks.evaluation.metrics import Accumulator
+from tasks.evaluation.metrics import Accumulator, log_softmax
 from tasks.textdata import load_texts
 
 
@@ -33,12 +33,29 @@ def tokenize(texts: list[str], tokenizer, max_tokens: int) -> list[list[int]]:
 
 
 class HFScorer:
-    """Teacher-forced logits from a transformers checkpoint (dense, or compressed-tensors reloaded dense)."""
+    """Teacher-forced logits from a transformers checkpoint: dense, or compressed-tensors as its fake-quantized twin."""
 
     def __init__(self, model_dir: Path):
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        config = AutoConfig.from_pretrained(model_dir)
+        if getattr(config, "quantization_config", None) is None:
+            self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+            return
+        from transformers.utils.quantization_config import CompressedTensorsConfig
+
+        # Reloaded as-is, a compressed checkpoint unpacks its int4 weights on every forward pass. Load it
+        # decompressed (weights = exactly the dequantized int4 values) and move those weights into a plain
+        # model: the same numbers, without per-call quantization wrappers.
+        q = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, quantization_config=CompressedTensorsConfig(run_compressed=False)
+        )
+        del config.quantization_config
+        self.model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        missing, _ = self.model.load_state_dict(q.state_dict(), strict=False)
+        if missing:
+            raise RuntimeError(f"{model_dir}: decompressed checkpoint lacks {missing[:3]}")
+        self.model.tie_weights()
 
     @torch.no_grad()
     def __call__(self, ids: list[int]) -> np.ndarray:
@@ -80,12 +97,12 @@ def run_gate(
     vs_ref = {v["name"]: Accumulator() for v in variants}
     parity = {v["name"]: Accumulator() for v in variants}
     for ids in seqs:
-        ref = reference(ids)
+        ref = log_softmax(reference(ids))
         for v in variants:
-            eng = backend.score(sessions[v["name"]], ids)
-            vs_ref[v["name"]].add(ref, eng, ids)
-            fq = ref if fakeq[v["name"]] is reference else fakeq[v["name"]](ids)
-            parity[v["name"]].add(fq, eng, ids)
+            eng = log_softmax(backend.score(sessions[v["name"]], ids))
+            vs_ref[v["name"]].add_logprobs(ref, eng, ids)
+            fq = ref if fakeq[v["name"]] is reference else log_softmax(fakeq[v["name"]](ids))
+            parity[v["name"]].add_logprobs(fq, eng, ids)
 
     rows = []
     for v in variants:

@@ -38,15 +38,20 @@ class Accumulator:
 
     def add(self, ref: np.ndarray, cand: np.ndarray, input_ids: list[int]) -> None:
         """ref/cand: logits [len, vocab] for one sequence; position t predicts input_ids[t+1]."""
+        self.add_logprobs(log_softmax(ref), log_softmax(cand), input_ids)
+
+    def add_logprobs(self, ref: np.ndarray, cand: np.ndarray, input_ids: list[int]) -> None:
+        """Like add, from log-probabilities (the gate computes each model's once and compares it many times)."""
         ref, cand = ref[:-1], cand[:-1]
         targets = np.asarray(input_ids[1:])
+        rows = np.arange(len(targets))
         self.agree += int((ref.argmax(-1) == cand.argmax(-1)).sum())
         self.agree_last += int(ref[-1].argmax() == cand[-1].argmax())
         self.n_pos += len(targets)
         self.n_seq += 1
-        self.kls.append(kl_per_position(ref, cand))
-        self.nll_ref += nll(ref, targets)
-        self.nll_cand += nll(cand, targets)
+        self.kls.append((np.exp(ref) * (ref - cand)).sum(-1))
+        self.nll_ref -= float(ref[rows, targets].sum())
+        self.nll_cand -= float(cand[rows, targets].sum())
 
     def result(self) -> dict[str, float]:
         kl = np.concatenate(self.kls) if self.kls else np.zeros(1)

@@ -1,0 +1,578 @@
+"""CPU engine backend: onnxruntime-genai int4 (MatMulNBits) / fp32 models built from edgeflow checkpoints.
+
+    s = load(build(Path("quantized"), Path("engine"), {}) and Path("engine")); list(generate(s, ids, 32, [2]))
+
+What it does, per interface function (see `tasks/engines/__init__.py`):
+
+* `build` turns a checkpoint into an onnxruntime-genai model directory with the model builder
+  shipped inside onnxruntime-genai (`onnxruntime_genai.models.builder`).
+  - Dense checkpoints (the FP reference row) build in fp32: CPUs have no fast fp16/bf16 GEMM
+    path in ORT's CPU EP, and fp32 keeps the reference exact against HF (logits within ~1e-4).
+  - llm-compressor checkpoints (compressed-tensors, format "pack-quantized", W4A16, group-wise)
+    cannot be read by the builder directly (its compressed-tensors loader is a CUDA-only
+    NVFP4/FP8 path), but the packed int4 tensors repack *bit-exactly* into the GPTQ layout the
+    builder's GPTQ loader reads (`_repack_compressed_tensors`), so the int4 ONNX model runs the
+    very integers and scales llm-compressor chose: nothing is re-quantized.
+  - Anything quantized that cannot be represented exactly (not 4-bit int, not group-wise, group
+    size not a MatMulNBits block size, act-order g_idx, quantized activations, a half-quantized
+    decoder) raises ValueError. A quantized checkpoint never silently becomes a dense engine.
+* `score` returns logits for every position. onnxruntime-genai's Generator only exposes the
+  logits of the last step through `get_logits()`, but the model is built without
+  `prune_lm_head`, so on the first (prefill) step `generator.get_output("logits")` holds the
+  full `[1, len, vocab]` tensor computed by the same ONNX graph and KV-cache path that `generate`
+  uses; that is what `score` returns (verified against HF in the tests).
+* `generate` is greedy decoding with one `og.Generator` per call; the `og.Model` (weights,
+  ORT session) is shared, so concurrent calls from several Python threads are safe and run in
+  parallel (onnxruntime-genai releases the GIL while the ORT session runs).
+
+Threads: EDGEFLOW_ENGINE_THREADS (if set) becomes ORT's intra_op_num_threads at `load` time,
+through an `og.Config.overlay` of the genai config (the engine dir is not modified).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import platform
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.artifacts import sha256_tree
+from tasks.engines import EngineIncompatibleError
+
+BACKEND = "cpu"
+ENGINE_JSON = "engine.json"
+THREADS_ENV = "EDGEFLOW_ENGINE_THREADS"
+
+# Build profile keys and their defaults. `profile` passed to `build` overrides any of them.
+DEFAULT_PROFILE: dict[str, Any] = {
+    # MatMulNBits activation precision for the int4 body (1=fp32, 2=fp16, 3=bf16, 4=int8).
+    # 4 quantizes activations to int8 per block and uses the VNNI/AVX2 int8 dot-product kernels.
+    # Measured on the 10-layer student (AMD EPYC, 2 cores), see benchmarks/engine_cpu_results.md.
+    "accuracy_level": 4,
+    # Precision of the (unquantized in the checkpoint) tied lm_head in int4 engines:
+    # "int8" (block-wise RTN by the builder), "int4" or "fp32". At 135M parameters the 49152x576
+    # lm_head is ~40% of the weights read per token, so it dominates decode memory traffic.
+    "lm_head": "int8",
+    # Block size the builder uses for weights it quantizes itself (only the lm_head here).
+    "lm_head_block_size": 32,
+    # Precision of dense checkpoints. Only fp32 is offered on CPU (the reference row).
+    "dense_precision": "fp32",
+    # Extra builder KEY=VALUE options passed through unchanged (advanced; recorded in engine.json).
+    "extra_options": {},
+}
+
+# Tokenizer/chat files copied next to the ONNX model so the engine dir is self-contained.
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+)
+
+# MatMulNBits block sizes (power of two, >= 16) supported by ORT's CPU kernels.
+_BLOCK_SIZES = (16, 32, 64, 128, 256)
+# Decoder linear layers the Llama builder reads from a GPTQ-format checkpoint.
+_LINEAR_RE = re.compile(r"^model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)$")
+
+
+# --------------------------------------------------------------------------------------------
+# Quantization scheme detection and repacking
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """What a compressed-tensors checkpoint stores, as far as the int4 engine cares."""
+
+    bits: int
+    group_size: int
+    symmetric: bool
+    format: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"bits": self.bits, "group_size": self.group_size, "symmetric": self.symmetric, "format": self.format}
+
+
+def _read_config(checkpoint_dir: Path) -> dict[str, Any]:
+    path = Path(checkpoint_dir) / "config.json"
+    if not path.exists():
+        raise ValueError(f"{checkpoint_dir}: no config.json; not a Hugging Face checkpoint directory")
+    return json.loads(path.read_text())
+
+
+def detect_scheme(checkpoint_dir: Path) -> QuantScheme | None:
+    """None for a dense checkpoint; the scheme of a supported compressed-tensors one; else ValueError.
+
+    Raises ValueError naming the field and why the int4 CPU engine cannot represent it exactly.
+    """
+    config = _read_config(checkpoint_dir)
+    qc = config.get("quantization_config")
+    if not qc:
+        return None
+    where = f"{checkpoint_dir}/config.json quantization_config"
+    method = qc.get("quant_method")
+    if method != "compressed-tensors":
+        raise ValueError(
+            f"{where}.quant_method={method!r} is not supported by the cpu engine: only llm-compressor "
+            "'compressed-tensors' checkpoints (or dense ones) are built; refusing to guess at another format"
+        )
+    if qc.get("kv_cache_scheme"):
+        raise ValueError(f"{where}.kv_cache_scheme={qc['kv_cache_scheme']!r}: quantized KV cache is not supported")
+    if qc.get("sparsity_config"):
+        raise ValueError(f"{where}.sparsity_config is set: sparse compressed checkpoints are not supported")
+    if qc.get("transform_config"):
+        raise ValueError(f"{where}.transform_config is set: rotated (transformed) checkpoints are not supported")
+    groups = qc.get("config_groups") or {}
+    if not groups:
+        raise ValueError(f"{where}.config_groups is empty: cannot tell what the weights are")
+    schemes = set()
+    for name, group in groups.items():
+        w = group.get("weights") or {}
+        g = f"{where}.config_groups.{name}"
+        fmt = group.get("format") or qc.get("format")
+        if fmt != "pack-quantized":
+            raise ValueError(f"{g}.format={fmt!r}: only 'pack-quantized' int4 weights repack into MatMulNBits")
+        if group.get("input_activations") or group.get("output_activations"):
+            raise ValueError(f"{g}: activation quantization is set; the cpu engine supports weight-only (W4A16)")
+        if w.get("num_bits") != 4 or w.get("type", "int") != "int":
+            raise ValueError(
+                f"{g}.weights: num_bits={w.get('num_bits')} type={w.get('type')!r}; the cpu engine supports "
+                "4-bit int weights only (MatMulNBits int4)"
+            )
+        if w.get("strategy") != "group":
+            raise ValueError(
+                f"{g}.weights.strategy={w.get('strategy')!r}: only 'group' is supported (per-channel/tensor "
+                "scales are not MatMulNBits blocks)"
+            )
+        gs = w.get("group_size")
+        if gs not in _BLOCK_SIZES:
+            raise ValueError(
+                f"{g}.weights.group_size={gs}: MatMulNBits block sizes are {_BLOCK_SIZES}; "
+                "this group size is not representable"
+            )
+        if w.get("actorder") not in (None, "static"):
+            raise ValueError(
+                f"{g}.weights.actorder={w.get('actorder')!r}: act-order with a permuted g_idx is not "
+                "representable by MatMulNBits contiguous blocks (use actorder static or none)"
+            )
+        if w.get("dynamic"):
+            raise ValueError(f"{g}.weights.dynamic=true: dynamic weight quantization is not supported")
+        schemes.add(QuantScheme(4, int(gs), bool(w.get("symmetric", True)), "pack-quantized"))
+    if len(schemes) != 1:
+        raise ValueError(f"{where}: config groups use different schemes {sorted(map(str, schemes))}; expected one")
+    return schemes.pop()
+
+
+def _load_safetensors(checkpoint_dir: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    files = sorted(Path(checkpoint_dir).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{checkpoint_dir}: no *.safetensors weights")
+    tensors: dict[str, Any] = {}
+    for f in files:
+        tensors.update(load_file(str(f)))
+    return tensors
+
+
+def _unpack_int4_rows(packed, rows: int):
+    """Unpack int32 words packing 8 nibbles along dim 1 (nibble i of a word at bits 4i) -> uint8 [n, rows]."""
+    import torch
+
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+    out = (packed.unsqueeze(-1) >> shifts) & 0xF  # arithmetic shift is fine: we mask 4 bits
+    return out.reshape(packed.shape[0], -1)[:, :rows].to(torch.uint8)
+
+
+def _pack_int4_rows(values):
+    """Inverse of `_unpack_int4_rows`: uint8 [n, m] (m % 8 == 0) -> int32 [n, m / 8]."""
+    import torch
+
+    v = values.to(torch.int64).reshape(values.shape[0], -1, 8)
+    shifts = torch.arange(0, 32, 4, dtype=torch.int64)
+    words = (v << shifts).sum(-1)  # in [0, 2**32): reinterpret the top bit as the int32 sign
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def repack_compressed_tensors(checkpoint_dir: Path, out_dir: Path, scheme: QuantScheme) -> dict[str, int]:
+    """Rewrite a compressed-tensors pack-quantized checkpoint in the GPTQ layout (bit-exact).
+
+    compressed-tensors (pack_to_int32) stores, per Linear [out, in]:
+      weight_packed     int32 [out, in/8]   nibble k of word j = q[o, 8j+k] + 8 (signed -> unsigned)
+      weight_scale      float [out, in/gs]
+      weight_zero_point int32 [out/8, in/gs] (asymmetric only) packed along the *output* dim, +8
+    dequant: w = (q_unsigned - zp_unsigned) * scale   (zp_unsigned = 8 when symmetric)
+
+    GPTQ (what the builder's GPTQ loader reads, AutoGPTQ v1 convention):
+      qweight int32 [in/8, out]   packed along the input dim, same nibble order -> weight_packed.T
+      scales  float [in/gs, out]                                                  -> weight_scale.T
+      qzeros  int32 [in/gs, out/8] packed along the output dim, stores zp - 1 (the loader adds 1 back)
+      g_idx   int32 [in] = column // group_size (trivial: act-order is rejected in `detect_scheme`)
+    Returns counts of what was written.
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = _load_safetensors(checkpoint_dir)
+    gs = scheme.group_size
+    out: dict[str, torch.Tensor] = {}
+    n_linear = 0
+    prefixes = sorted({k[: -len(".weight_packed")] for k in tensors if k.endswith(".weight_packed")})
+    for name, t in tensors.items():
+        prefix, _, leaf = name.rpartition(".")
+        if leaf in ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx"):
+            continue
+        if leaf == "weight" and _LINEAR_RE.match(prefix):
+            raise ValueError(
+                f"{checkpoint_dir}: decoder linear {prefix} is stored dense while the others are int4 "
+                "(mixed dense/int4 decoders are not supported by the GPTQ-format builder path)"
+            )
+        out[name] = t
+    for prefix in prefixes:
+        if not _LINEAR_RE.match(prefix):
+            raise ValueError(f"{checkpoint_dir}: quantized tensor {prefix} is not a Llama decoder linear layer")
+        packed = tensors[f"{prefix}.weight_packed"]
+        scale = tensors[f"{prefix}.weight_scale"]
+        shape = tensors.get(f"{prefix}.weight_shape")
+        n_out, n_in = (int(shape[0]), int(shape[1])) if shape is not None else (packed.shape[0], packed.shape[1] * 8)
+        if n_in % gs or n_in % 8 or n_out % 8 or packed.shape != (n_out, n_in // 8):
+            raise ValueError(
+                f"{prefix}: weight [{n_out}, {n_in}] (packed {tuple(packed.shape)}) is not a whole number of "
+                f"{gs}-column groups / 8-nibble words"
+            )
+        g_idx_key = f"{prefix}.weight_g_idx"
+        trivial = torch.arange(n_in, dtype=torch.int32) // gs
+        if g_idx_key in tensors and not torch.equal(tensors[g_idx_key].to(torch.int32), trivial):
+            raise ValueError(f"{prefix}: act-order weight_g_idx (non-contiguous groups) is not representable")
+        if scale.shape != (n_out, n_in // gs):
+            raise ValueError(f"{prefix}: weight_scale shape {tuple(scale.shape)} != ({n_out}, {n_in // gs})")
+        if scheme.symmetric:
+            zp_u = torch.full((n_out, n_in // gs), 8, dtype=torch.uint8)
+        else:
+            zp_packed = tensors[f"{prefix}.weight_zero_point"]
+            zp_u = _unpack_int4_rows(zp_packed.T.contiguous(), n_out).T.contiguous()  # [out, groups]
+        # GPTQ qzeros: (zp - 1) mod 16, packed along the output dim -> [groups, out/8]
+        qzeros = _pack_int4_rows(((zp_u.to(torch.int16) - 1) & 0xF).T.contiguous())
+        out[f"{prefix}.qweight"] = packed.T.contiguous()
+        out[f"{prefix}.scales"] = scale.T.contiguous().to(torch.float32)
+        out[f"{prefix}.qzeros"] = qzeros.contiguous()
+        out[f"{prefix}.g_idx"] = trivial
+        n_linear += 1
+    if n_linear == 0:
+        raise ValueError(f"{checkpoint_dir}: quantization_config present but no *.weight_packed tensors found")
+    save_file(out, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+
+    config = _read_config(checkpoint_dir)
+    config["quantization_config"] = {
+        "quant_method": "gptq",
+        "bits": scheme.bits,
+        "group_size": gs,
+        "sym": scheme.symmetric,
+        "desc_act": False,
+        "checkpoint_format": "gptq",
+    }
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    _copy_tokenizer_files(checkpoint_dir, out_dir)
+    return {"linear_layers": n_linear, "tensors": len(out)}
+
+
+def dequantize_gptq(qweight, qzeros, scales, group_size: int):
+    """Reference dequantization of a GPTQ-format layer -> float32 [out, in] (used by the tests)."""
+    import torch
+
+    q = _unpack_int4_rows(qweight.T.contiguous(), qweight.shape[0] * 8).to(torch.float32)  # [out, in]
+    z = ((_unpack_int4_rows(qzeros, qzeros.shape[1] * 8).to(torch.int16) + 1) & 0xF).to(torch.float32)  # [groups, out]
+    s = scales.to(torch.float32)  # [groups, out]
+    z_full = z.T.repeat_interleave(group_size, dim=1)
+    s_full = s.T.repeat_interleave(group_size, dim=1)
+    return (q - z_full) * s_full
+
+
+def _copy_tokenizer_files(src: Path, dst: Path) -> list[str]:
+    copied = []
+    for name in _TOKENIZER_FILES:
+        if (Path(src) / name).exists():
+            shutil.copy2(Path(src) / name, Path(dst) / name)
+            copied.append(name)
+    return copied
+
+
+# --------------------------------------------------------------------------------------------
+# Build
+# --------------------------------------------------------------------------------------------
+
+
+def _versions() -> dict[str, str]:
+    import onnxruntime
+    import onnxruntime_genai as og
+
+    return {"onnxruntime_genai": og.__version__, "onnxruntime": onnxruntime.__version__}
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+# ISA extensions ORT's MLAS picks kernels by; the engine files are ISA-independent (kernels are
+# chosen at session creation), so they are recorded for provenance, not required.
+_ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+              "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16", "asimd", "sve")
+
+
+def device_fingerprint() -> dict[str, Any]:
+    """CPU model, relevant ISA flags, OS and arch of this machine."""
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    flags = _cpu_flags()
+    return {
+        "cpu_model": model or platform.processor(),
+        "isa": sorted(f for f in _ISA_FLAGS if f in flags),
+        "cores": os.cpu_count(),
+        "os": platform.system().lower(),
+        "arch": platform.machine(),
+    }
+
+
+def _builder_options(scheme: QuantScheme | None, prof: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    """(precision, KEY=VALUE extra options) for the onnxruntime-genai model builder."""
+    opts: dict[str, str] = {}
+    if scheme is None:
+        precision = prof["dense_precision"]
+        if precision != "fp32":
+            raise ValueError(f"profile dense_precision={precision!r}: the cpu engine builds dense checkpoints in fp32")
+    else:
+        precision = "int4"
+        level = int(prof["accuracy_level"])
+        if level not in (1, 2, 3, 4):
+            raise ValueError(f"profile accuracy_level={level}: must be 1 (fp32), 2 (fp16), 3 (bf16) or 4 (int8)")
+        opts["accuracy_level"] = str(level)
+        # The lm_head is tied to the embedding and left dense by llm-compressor (ignore: [lm_head]).
+        # With an int8/int4 lm_head the builder must not share one quantized table between the
+        # embedding Gather and the lm_head MatMul (GatherBlockQuantized is int4-only and would
+        # re-quantize the embedding too), hence shared_embeddings=false: embedding stays fp32.
+        opts["shared_embeddings"] = "false"
+        head = prof["lm_head"]
+        if head == "fp32":
+            opts["nodes_to_exclude"] = "/lm_head/MatMul"
+        elif head == "int8":
+            opts["matmul_mixed_precision"] = "last_matmul:int8"
+            opts["block_size"] = str(int(prof["lm_head_block_size"]))
+        elif head == "int4":
+            opts["block_size"] = str(int(prof["lm_head_block_size"]))
+        else:
+            raise ValueError(f"profile lm_head={head!r}: choose 'int8', 'int4' or 'fp32'")
+        # Symmetric RTN for the builder-quantized lm_head (int8 symmetric is what MLAS is fastest at).
+        opts["is_symmetric"] = "true"
+    for k, v in (prof.get("extra_options") or {}).items():
+        opts[str(k)] = str(v).lower() if isinstance(v, bool) else str(v)
+    return precision, opts
+
+
+def _run_builder(src: Path, out_dir: Path, precision: str, opts: dict[str, str], cache_dir: Path) -> str:
+    """Call the onnxruntime-genai model builder in-process; returns its (Python-level) log."""
+    from onnxruntime_genai.models import builder
+
+    log = io.StringIO()
+    kv = [f"{k}={v}" for k, v in opts.items()]
+    with contextlib.redirect_stdout(log):
+        extra = builder.parse_extra_options(None, str(src), str(out_dir), precision, "cpu", str(cache_dir), kv)
+        builder.create_model(None, str(src), str(out_dir), precision, "cpu", str(cache_dir), **extra)
+    return log.getvalue()
+
+
+def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
+    """Compile a dense or compressed-tensors int4 checkpoint into an onnxruntime-genai CPU engine dir."""
+    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
+    unknown = set(profile or {}) - set(DEFAULT_PROFILE)
+    if unknown:
+        raise ValueError(f"unknown cpu engine profile keys {sorted(unknown)}; known: {sorted(DEFAULT_PROFILE)}")
+    prof = {**DEFAULT_PROFILE, **(profile or {})}
+    scheme = detect_scheme(checkpoint_dir)  # raises ValueError before any work for unsupported schemes
+    precision, opts = _builder_options(scheme, prof)
+    checkpoint_sha = sha256_tree(checkpoint_dir)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="edgeflow-cpu-build-") as tmp:
+        tmp_path = Path(tmp)
+        src = checkpoint_dir
+        repack_stats = None
+        if scheme is not None:
+            src = tmp_path / "gptq"
+            repack_stats = repack_compressed_tensors(checkpoint_dir, src, scheme)
+        log = _run_builder(src, out_dir, precision, opts, tmp_path / "cache")
+    (out_dir / "builder.log").write_text(log)
+    copied = _copy_tokenizer_files(checkpoint_dir, out_dir)
+
+    meta: dict[str, Any] = {
+        "backend": BACKEND,
+        **_versions(),
+        "precision": precision,
+        "execution_provider": "cpu",
+        "builder_options": opts,
+        "profile": prof,
+        "quantization": scheme.as_dict() if scheme else None,
+        "repack": repack_stats,
+        "checkpoint": str(checkpoint_dir),
+        "checkpoint_sha256": checkpoint_sha,
+        "device": device_fingerprint(),
+        "tokenizer_files": copied,
+        "model_files": sorted(p.name for p in out_dir.iterdir() if p.suffix in (".onnx", ".data")),
+    }
+    (out_dir / ENGINE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True))
+    return meta
+
+
+# --------------------------------------------------------------------------------------------
+# Runtime
+# --------------------------------------------------------------------------------------------
+
+
+def _major_minor(v: str) -> tuple[str, ...]:
+    return tuple(str(v).split(".")[:2])
+
+
+def check_compatible(engine_dir: Path) -> None:
+    """Raise EngineIncompatibleError (naming both sides) if this machine cannot run the engine."""
+    path = Path(engine_dir) / ENGINE_JSON
+    if not path.exists():
+        raise EngineIncompatibleError(
+            f"{engine_dir}: no {ENGINE_JSON}; not an edgeflow engine directory (build it with engine.build)"
+        )
+    meta = json.loads(path.read_text())
+    if meta.get("backend") != BACKEND:
+        raise EngineIncompatibleError(
+            f"{engine_dir}: engine backend is {meta.get('backend')!r} but this device runs backend {BACKEND!r}"
+        )
+    have = _versions()
+    built = meta.get("onnxruntime_genai", "<missing>")
+    if _major_minor(built) != _major_minor(have["onnxruntime_genai"]):
+        raise EngineIncompatibleError(
+            f"{engine_dir}: engine built with onnxruntime-genai {built}, this device has onnxruntime-genai "
+            f"{have['onnxruntime_genai']} (major.minor must match; rebuild the engine)"
+        )
+    machine = platform.machine()
+    built_arch = (meta.get("device") or {}).get("arch")
+    if built_arch and _arch_family(built_arch) != _arch_family(machine):
+        raise EngineIncompatibleError(
+            f"{engine_dir}: engine built on arch {built_arch}, this device is {machine}"
+        )
+
+
+def _arch_family(arch: str) -> str:
+    a = arch.lower()
+    return {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}.get(a, a)
+
+
+@dataclass
+class CpuSession:
+    """Opaque handle returned by `load`: the shared og.Model and facts about it."""
+
+    model: Any
+    engine_dir: Path
+    meta: dict[str, Any]
+    vocab_size: int
+    context_length: int
+    threads: int | None
+
+
+def load(engine_dir: Path) -> CpuSession:
+    """Check compatibility, then load the ONNX model once (shared by every generate/score call)."""
+    import onnxruntime_genai as og
+
+    engine_dir = Path(engine_dir)
+    check_compatible(engine_dir)
+    meta = json.loads((engine_dir / ENGINE_JSON).read_text())
+    genai = json.loads((engine_dir / "genai_config.json").read_text())
+    config = og.Config(str(engine_dir))
+    threads = None
+    if os.environ.get(THREADS_ENV):
+        threads = int(os.environ[THREADS_ENV])
+        if threads < 1:
+            raise ValueError(f"{THREADS_ENV}={threads}: must be a positive integer")
+        overlay = {"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}
+        config.overlay(json.dumps(overlay))
+    model = og.Model(config)
+    return CpuSession(
+        model=model,
+        engine_dir=engine_dir,
+        meta=meta,
+        vocab_size=int(genai["model"]["vocab_size"]),
+        context_length=int(genai["model"]["context_length"]),
+        threads=threads,
+    )
+
+
+def _generator(session: CpuSession, max_length: int):
+    import onnxruntime_genai as og
+
+    if max_length > session.context_length:
+        raise ValueError(f"{max_length} tokens exceed the engine's context length {session.context_length}")
+    params = og.GeneratorParams(session.model)
+    # Greedy; max_length bounds the KV cache the generator allocates (else it sizes for the context).
+    params.set_search_options(do_sample=False, max_length=max_length, batch_size=1)
+    return og.Generator(session.model, params)
+
+
+def generate(
+    session: CpuSession, input_ids: list[int], max_new_tokens: int, stop_token_ids: Sequence[int]
+) -> Iterator[int]:
+    """Greedy decoding with the KV cache; yields each new token id (never a stop id)."""
+    if not input_ids:
+        raise ValueError("input_ids is empty")
+    if max_new_tokens <= 0:
+        return
+    stops = set(int(t) for t in stop_token_ids)
+    gen = _generator(session, len(input_ids) + max_new_tokens)
+    gen.append_tokens(np.asarray([input_ids], dtype=np.int32))
+    for _ in range(max_new_tokens):
+        if gen.is_done():
+            break
+        gen.generate_next_token()
+        token = int(gen.get_next_tokens()[0])
+        if token in stops:
+            break
+        yield token
+
+
+def score(session: CpuSession, input_ids: list[int]) -> np.ndarray:
+    """Teacher-forced logits for every position: float32 [len(input_ids), vocab].
+
+    One prefill step through og's Generator; `get_output("logits")` returns the un-pruned
+    [1, len, vocab] logits of that step (the builder's default is not to prune the lm_head).
+    """
+    if not input_ids:
+        raise ValueError("input_ids is empty")
+    gen = _generator(session, len(input_ids) + 1)
+    gen.append_tokens(np.asarray([input_ids], dtype=np.int32))
+    logits = np.asarray(gen.get_output("logits"))
+    if logits.ndim != 3 or logits.shape[1] != len(input_ids):
+        raise RuntimeError(
+            f"engine returned logits of shape {logits.shape} for {len(input_ids)} tokens; "
+            "was it built with prune_lm_head?"
+        )
+    return np.ascontiguousarray(logits[0], dtype=np.float32)
