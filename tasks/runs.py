@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -66,9 +68,39 @@ def stage_run(ctx: ReleaseContext, stage: str, params: dict | None = None) -> It
     run_id = run.info.run_id
     for k, v in (params or {}).items():
         client.log_param(run_id, k, str(v)[:6000])
+    peak = _PeakRSS()
+    t0 = time.perf_counter()
     try:
-        yield client, run_id
+        with peak:
+            yield client, run_id
     except BaseException:
         client.set_terminated(run_id, "FAILED")
         raise
+    client.log_metric(run_id, "stage_wall_s", time.perf_counter() - t0)
+    client.log_metric(run_id, "stage_peak_rss_mb", peak.mb)
     client.set_terminated(run_id, "FINISHED")
+
+
+class _PeakRSS:
+    """Samples this process's resident memory while a stage runs (ru_maxrss would be the whole process's life)."""
+
+    def __init__(self, interval: float = 0.25):
+        import psutil
+
+        self._proc, self._interval, self._stop = psutil.Process(), interval, threading.Event()
+        self.mb = 0.0
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.mb = max(self.mb, self._proc.memory_info().rss / 2**20)
+            self._stop.wait(self._interval)
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.mb = max(self.mb, self._proc.memory_info().rss / 2**20)
