@@ -17,11 +17,11 @@ def teacher_dir() -> Path:
     preset = os.environ.get("EDGEFLOW_TEST_TEACHER")
     if preset and Path(preset, "model.safetensors").exists():
         return Path(preset)
-    from tasks.config import Profile
+    from tasks.config import load_profile
     from tasks.model_source import ensure_teacher
 
-    profile = Profile.model_validate({"name": "test", "workdir": str(REPO / ".edgeflow" / "test-cache"), "quantize": {"variants": []}})
-    path = ensure_teacher(profile).path
+    # Same profile (and so the same cache) as the end-to-end release test: one conversion per machine.
+    path = ensure_teacher(load_profile(REPO / "configs" / "test-tiny.yaml")).path
     os.environ["EDGEFLOW_TEST_TEACHER"] = str(path)
     return path
 
