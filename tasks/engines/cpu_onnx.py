@@ -1,6 +1,6 @@
-"""CPU engine backend: onnxruntime-genai int4 (MatMulNBits) / fp32 models built from edgeflow checkpoints.
+"""build(Path("ckpt"), Path("eng"), {}); s = load(Path("eng")); print(list(generate(s, [1, 9690], 8, [2])))
 
-    s = load(build(Path("quantized"), Path("engine"), {}) and Path("engine")); list(generate(s, ids, 32, [2]))
+CPU engine backend: onnxruntime-genai models (int4 MatMulNBits, or fp32) built from edgeflow checkpoints.
 
 What it does, per interface function (see `tasks/engines/__init__.py`):
 
@@ -16,14 +16,19 @@ What it does, per interface function (see `tasks/engines/__init__.py`):
   - Anything quantized that cannot be represented exactly (not 4-bit int, not group-wise, group
     size not a MatMulNBits block size, act-order g_idx, quantized activations, a half-quantized
     decoder) raises ValueError. A quantized checkpoint never silently becomes a dense engine.
-* `score` returns logits for every position. onnxruntime-genai's Generator only exposes the
-  logits of the last step through `get_logits()`, but the model is built without
-  `prune_lm_head`, so on the first (prefill) step `generator.get_output("logits")` holds the
-  full `[1, len, vocab]` tensor computed by the same ONNX graph and KV-cache path that `generate`
-  uses; that is what `score` returns (verified against HF in the tests).
-* `generate` is greedy decoding with one `og.Generator` per call; the `og.Model` (weights,
-  ORT session) is shared, so concurrent calls from several Python threads are safe and run in
-  parallel (onnxruntime-genai releases the GIL while the ORT session runs).
+* `score` returns logits for every position. onnxruntime-genai's Generator exposes only the last
+  step's logits through `get_logits()`, and the served decoder is built with `prune_lm_head` (the
+  prefill computes the 49152-wide lm_head for the last position only, halving TTFT). So `build`
+  also writes `score.onnx`, the same graph minus the two prune nodes, sharing model.onnx.data; on
+  its first call `score` loads it as a second og.Model and returns `generator.get_output("logits")`
+  after one prefill `append_tokens` of the whole sequence: the same kernels and weights as
+  `generate` (logits within 3e-4 of HF for exact builds; verified in the tests).
+* `generate` is greedy decoding with one `og.Generator` (own KV cache) per call; the `og.Model`
+  (weights, ORT session) is shared, and concurrent calls from several Python threads are safe
+  and give the same tokens as sequential ones (tested). onnxruntime-genai 0.18's Python binding
+  keeps the GIL during `append_tokens`/`generate_next_token`, so two streams interleave step by
+  step rather than run in parallel; each step already uses all intra-op threads, so on a small
+  CPU the aggregate throughput of 2 streams is about that of 1 (see the benchmark).
 
 Threads: EDGEFLOW_ENGINE_THREADS (if set) becomes ORT's intra_op_num_threads at `load` time,
 through an `og.Config.overlay` of the genai config (the engine dir is not modified).
@@ -33,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import platform
 import re
@@ -40,7 +46,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,21 +59,42 @@ BACKEND = "cpu"
 ENGINE_JSON = "engine.json"
 THREADS_ENV = "EDGEFLOW_ENGINE_THREADS"
 
-# Build profile keys and their defaults. `profile` passed to `build` overrides any of them.
+# Build profile keys and their defaults; `profile` passed to `build` overrides any of them.
+# Measured on the 10-layer student (RTN int4 asym g64), AMD EPYC 2 cores AVX2 without VNNI, greedy
+# token agreement vs the fake-quantized HF model (5 chat prompts x 32 tokens) and decode tok/s
+# (see benchmarks/engine_cpu_results.md):
+#   accuracy_level=1, lm_head=fp32   100% agreement (max |dlogit| 3e-4)  ~40 tok/s  (dense fp32 engine ~40)
+#   accuracy_level=1, lm_head=int8    88% agreement (top-1 99.7%)        ~55 tok/s
+#   accuracy_level=4, lm_head=int8    24% agreement (top-1 82%)          ~100 tok/s
+#   accuracy_level=4, lm_head=int4    18% agreement (top-1 66%)          ~115 tok/s
+# accuracy_level 4 quantizes activations to int8 per 64-wide block (~1-2% relative error per
+# MatMul, measured equal to ideal block quantization); on undistilled layer-dropped students and
+# even on the 30-layer teacher (41% agreement, top-1 93%) that flips greedy tokens, so the default
+# is the fastest setting that keeps parity >= 98%: exact fp32 activations and an fp32 lm_head.
 DEFAULT_PROFILE: dict[str, Any] = {
-    # MatMulNBits activation precision for the int4 body (1=fp32, 2=fp16, 3=bf16, 4=int8).
-    # 4 quantizes activations to int8 per block and uses the VNNI/AVX2 int8 dot-product kernels.
-    # Measured on the 10-layer student (AMD EPYC, 2 cores), see benchmarks/engine_cpu_results.md.
-    "accuracy_level": 4,
-    # Precision of the (unquantized in the checkpoint) tied lm_head in int4 engines:
-    # "int8" (block-wise RTN by the builder), "int4" or "fp32". At 135M parameters the 49152x576
-    # lm_head is ~40% of the weights read per token, so it dominates decode memory traffic.
-    "lm_head": "int8",
-    # Block size the builder uses for weights it quantizes itself (only the lm_head here).
+    # MatMulNBits compute precision of the int4 body: 1=fp32 (exact w.r.t. the W4A16 checkpoint),
+    # 4=int8 activations (block-wise; 2-3x faster decode, not parity-grade). 2/3 (fp16/bf16) have
+    # no AVX2 kernels and run as 1.
+    "accuracy_level": 1,
+    # The tied lm_head, left dense by llm-compressor (ignore: [lm_head]): "fp32" (exact; shares the
+    # fp32 table with the embedding Gather, -108 MB on disk), "int8" or "int4" (block-wise RTN by
+    # the builder, symmetric). At 135M parameters the 49152x576 lm_head is ~45% of the weights read
+    # per token, so it is what an int8/int4 head speeds up.
+    "lm_head": "fp32",
+    # Accuracy level of a quantized lm_head. int8 MatMulNBits has no fp32-compute CPU kernel
+    # (accuracy_level 1 measured 294 ms vs 8.7 ms at level 4 per lm_head call), so it runs at 4.
+    "lm_head_accuracy_level": 4,
+    # Block size for weights the builder quantizes itself (only a quantized lm_head).
     "lm_head_block_size": 32,
-    # Precision of dense checkpoints. Only fp32 is offered on CPU (the reference row).
+    # Build the decoder with prune_lm_head: prefill computes the lm_head for the last position only.
+    # With a 49152-wide vocab, full-sequence logits dominate prefill: TTFT for a 43-token prompt
+    # 73 -> 35 ms and for 200 tokens 280 -> 90 ms (3-layer student). `score` needs every position,
+    # so the build also writes score.onnx (same weights file, prune nodes removed), loaded lazily.
+    "prune_lm_head": True,
+    # Precision of dense checkpoints (the FP reference row): fp32 only; the CPU EP has no fast
+    # fp16/bf16 GEMMs on AVX2 and fp32 matches HF eager within 1e-4.
     "dense_precision": "fp32",
-    # Extra builder KEY=VALUE options passed through unchanged (advanced; recorded in engine.json).
+    # Extra builder KEY=VALUE options, passed through last (override the above; recorded in engine.json).
     "extra_options": {},
 }
 
@@ -358,9 +385,9 @@ def device_fingerprint() -> dict[str, Any]:
     }
 
 
-def _builder_options(scheme: QuantScheme | None, prof: dict[str, Any]) -> tuple[str, dict[str, str]]:
+def _builder_options(scheme: QuantScheme | None, prof: dict[str, Any], tied: bool) -> tuple[str, dict[str, str]]:
     """(precision, KEY=VALUE extra options) for the onnxruntime-genai model builder."""
-    opts: dict[str, str] = {}
+    opts: dict[str, str] = {"hf_token": "false"}  # local directories only: never ask the Hub
     if scheme is None:
         precision = prof["dense_precision"]
         if precision != "fp32":
@@ -371,26 +398,90 @@ def _builder_options(scheme: QuantScheme | None, prof: dict[str, Any]) -> tuple[
         if level not in (1, 2, 3, 4):
             raise ValueError(f"profile accuracy_level={level}: must be 1 (fp32), 2 (fp16), 3 (bf16) or 4 (int8)")
         opts["accuracy_level"] = str(level)
-        # The lm_head is tied to the embedding and left dense by llm-compressor (ignore: [lm_head]).
-        # With an int8/int4 lm_head the builder must not share one quantized table between the
-        # embedding Gather and the lm_head MatMul (GatherBlockQuantized is int4-only and would
-        # re-quantize the embedding too), hence shared_embeddings=false: embedding stays fp32.
-        opts["shared_embeddings"] = "false"
         head = prof["lm_head"]
         if head == "fp32":
-            opts["nodes_to_exclude"] = "/lm_head/MatMul"
-        elif head == "int8":
-            opts["matmul_mixed_precision"] = "last_matmul:int8"
+            # Keep the lm_head and the embedding exactly as in the checkpoint. For tied weights the
+            # builder can share one fp32 table (Gather reads the lm_head weight transposed), but only
+            # if neither node is quantized: shared_embeddings would otherwise add Gather to the
+            # quantized op types and RTN-quantize the embedding to int4.
+            if tied:
+                opts["shared_embeddings"] = "true"
+                opts["nodes_to_exclude"] = "/lm_head/MatMul,/model/embed_tokens/Gather"
+            else:
+                opts["shared_embeddings"] = "false"
+                opts["nodes_to_exclude"] = "/lm_head/MatMul"
+        elif head in ("int8", "int4"):
+            # The embedding Gather must stay fp32 (GatherBlockQuantized is int4-only and would
+            # re-quantize it), so the quantized head cannot share the table: shared_embeddings=false.
+            opts["shared_embeddings"] = "false"
             opts["block_size"] = str(int(prof["lm_head_block_size"]))
-        elif head == "int4":
-            opts["block_size"] = str(int(prof["lm_head_block_size"]))
+            opts["is_symmetric"] = "true"
+            if head == "int8":
+                opts["matmul_mixed_precision"] = "last_matmul:int8"
         else:
-            raise ValueError(f"profile lm_head={head!r}: choose 'int8', 'int4' or 'fp32'")
-        # Symmetric RTN for the builder-quantized lm_head (int8 symmetric is what MLAS is fastest at).
-        opts["is_symmetric"] = "true"
+            raise ValueError(f"profile lm_head={head!r}: choose 'fp32', 'int8' or 'int4'")
+    opts["prune_lm_head"] = "true" if prof["prune_lm_head"] else "false"
     for k, v in (prof.get("extra_options") or {}).items():
         opts[str(k)] = str(v).lower() if isinstance(v, bool) else str(v)
     return precision, opts
+
+
+SCORE_MODEL = "score.onnx"
+
+
+def _write_score_graph(out_dir: Path) -> str:
+    """Write score.onnx: model.onnx without the lm_head prune (logits for every position).
+
+    The builder's prune is `Gather(hidden, -1) -> Unsqueeze -> lm_head`; the lm_head is rewired to
+    the un-gathered hidden states. Only the graph is rewritten: initializers keep pointing at
+    model.onnx.data (ORT resolves external data relative to the model file), so no weights are
+    duplicated on disk. Returns the file name to use for scoring.
+    """
+    import onnx
+
+    model = onnx.load(str(out_dir / "model.onnx"), load_external_data=False)
+    nodes = list(model.graph.node)
+    gather = next((n for n in nodes if n.name == "/lm_head/prune/Gather"), None)
+    unsqueeze = next((n for n in nodes if n.name == "/lm_head/prune/Unsqueeze"), None)
+    if gather is None or unsqueeze is None:
+        return "model.onnx"  # not pruned: the decoder already returns every position
+    pruned_out, hidden = unsqueeze.output[0], gather.input[0]
+    consumers = [n for n in nodes if pruned_out in n.input]
+    if len(consumers) != 1 or not consumers[0].name.startswith("/lm_head/"):
+        raise RuntimeError(f"unexpected lm_head prune pattern in {out_dir / 'model.onnx'}: {[n.name for n in consumers]}")
+    head = consumers[0]
+    head.input[list(head.input).index(pruned_out)] = hidden
+    model.graph.node.remove(gather)
+    model.graph.node.remove(unsqueeze)
+    logits = next(o for o in model.graph.output if o.name == "logits")
+    dims = logits.type.tensor_type.shape.dim
+    if len(dims) == 3:
+        dims[1].Clear()
+        dims[1].dim_param = "sequence_length"
+    onnx.save(model, str(out_dir / SCORE_MODEL))
+    return SCORE_MODEL
+
+
+def _set_lm_head_accuracy_level(out_dir: Path, level: int) -> list[str]:
+    """Set accuracy_level on the quantized lm_head MatMulNBits node(s) of the built model.
+
+    The builder applies one accuracy level to every MatMulNBits; this edits only the small graph
+    file (weights stay in model.onnx.data). Returns the node names changed.
+    """
+    import onnx
+
+    path = out_dir / "model.onnx"
+    model = onnx.load(str(path), load_external_data=False)
+    changed = []
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits" and node.name.startswith("/lm_head/"):
+            for attr in node.attribute:
+                if attr.name == "accuracy_level" and attr.i != level:
+                    attr.i = level
+                    changed.append(node.name)
+    if changed:
+        onnx.save(model, str(path))
+    return changed
 
 
 def _run_builder(src: Path, out_dir: Path, precision: str, opts: dict[str, str], cache_dir: Path) -> str:
@@ -399,9 +490,15 @@ def _run_builder(src: Path, out_dir: Path, precision: str, opts: dict[str, str],
 
     log = io.StringIO()
     kv = [f"{k}={v}" for k, v in opts.items()]
-    with contextlib.redirect_stdout(log):
-        extra = builder.parse_extra_options(None, str(src), str(out_dir), precision, "cpu", str(cache_dir), kv)
-        builder.create_model(None, str(src), str(out_dir), precision, "cpu", str(cache_dir), **extra)
+    quant_logger = logging.getLogger("onnxruntime.quantization")  # one INFO line per graph node
+    old_level = quant_logger.level
+    quant_logger.setLevel(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(log):
+            extra = builder.parse_extra_options(None, str(src), str(out_dir), precision, "cpu", str(cache_dir), kv)
+            builder.create_model(None, str(src), str(out_dir), precision, "cpu", str(cache_dir), **extra)
+    finally:
+        quant_logger.setLevel(old_level)
     return log.getvalue()
 
 
@@ -413,19 +510,25 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
         raise ValueError(f"unknown cpu engine profile keys {sorted(unknown)}; known: {sorted(DEFAULT_PROFILE)}")
     prof = {**DEFAULT_PROFILE, **(profile or {})}
     scheme = detect_scheme(checkpoint_dir)  # raises ValueError before any work for unsupported schemes
-    precision, opts = _builder_options(scheme, prof)
+    tied = bool(_read_config(checkpoint_dir).get("tie_word_embeddings", False))
+    precision, opts = _builder_options(scheme, prof, tied)
     checkpoint_sha = sha256_tree(checkpoint_dir)
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="edgeflow-cpu-build-") as tmp:
         tmp_path = Path(tmp)
         src = checkpoint_dir
         repack_stats = None
-        if scheme is not None:
+        if scheme is not None:  # repack first: tensor-level ValueErrors come before out_dir is touched
             src = tmp_path / "gptq"
             repack_stats = repack_compressed_tensors(checkpoint_dir, src, scheme)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / ENGINE_JSON).unlink(missing_ok=True)  # a failed rebuild must not look like a valid engine
         log = _run_builder(src, out_dir, precision, opts, tmp_path / "cache")
     (out_dir / "builder.log").write_text(log)
+    lm_head_nodes: list[str] = []
+    if scheme is not None and prof["lm_head"] != "fp32":
+        lm_head_nodes = _set_lm_head_accuracy_level(out_dir, int(prof["lm_head_accuracy_level"]))
+    score_model = _write_score_graph(out_dir)
     copied = _copy_tokenizer_files(checkpoint_dir, out_dir)
 
     meta: dict[str, Any] = {
@@ -437,7 +540,9 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
         "profile": prof,
         "quantization": scheme.as_dict() if scheme else None,
         "repack": repack_stats,
-        "checkpoint": str(checkpoint_dir),
+        "lm_head_accuracy_level_set_on": lm_head_nodes,
+        "score_model": score_model,
+        "checkpoint": str(checkpoint_dir.resolve()),
         "checkpoint_sha256": checkpoint_sha,
         "device": device_fingerprint(),
         "tokenizer_files": copied,
@@ -498,44 +603,76 @@ class CpuSession:
     vocab_size: int
     context_length: int
     threads: int | None
+    score_model_file: str = "model.onnx"
+    _score_model: Any = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def score_model(self) -> Any:
+        """The og.Model whose prefill returns logits for every position (loaded on first use)."""
+        if self.score_model_file == "model.onnx":
+            return self.model
+        with self._lock:
+            if self._score_model is None:
+                self._score_model = _og_model(self.engine_dir, self.threads, self.score_model_file)
+            return self._score_model
+
+
+def _threads_from_env() -> int | None:
+    value = os.environ.get(THREADS_ENV)
+    if not value:
+        return None
+    try:
+        threads = int(value)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise ValueError(f"{THREADS_ENV}={value!r}: must be a positive integer (ORT intra-op threads)")
+    return threads
+
+
+def _og_model(engine_dir: Path, threads: int | None, filename: str | None = None) -> Any:
+    import onnxruntime_genai as og
+
+    config = og.Config(str(engine_dir))
+    decoder: dict[str, Any] = {}
+    if threads is not None:
+        decoder["session_options"] = {"intra_op_num_threads": threads}
+    if filename is not None:
+        decoder["filename"] = filename
+    if decoder:
+        config.overlay(json.dumps({"model": {"decoder": decoder}}))
+    return og.Model(config)
 
 
 def load(engine_dir: Path) -> CpuSession:
     """Check compatibility, then load the ONNX model once (shared by every generate/score call)."""
-    import onnxruntime_genai as og
-
     engine_dir = Path(engine_dir)
     check_compatible(engine_dir)
     meta = json.loads((engine_dir / ENGINE_JSON).read_text())
     genai = json.loads((engine_dir / "genai_config.json").read_text())
-    config = og.Config(str(engine_dir))
-    threads = None
-    if os.environ.get(THREADS_ENV):
-        threads = int(os.environ[THREADS_ENV])
-        if threads < 1:
-            raise ValueError(f"{THREADS_ENV}={threads}: must be a positive integer")
-        overlay = {"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}
-        config.overlay(json.dumps(overlay))
-    model = og.Model(config)
+    threads = _threads_from_env()
     return CpuSession(
-        model=model,
+        model=_og_model(engine_dir, threads),
         engine_dir=engine_dir,
         meta=meta,
         vocab_size=int(genai["model"]["vocab_size"]),
         context_length=int(genai["model"]["context_length"]),
         threads=threads,
+        score_model_file=meta.get("score_model", "model.onnx"),
     )
 
 
-def _generator(session: CpuSession, max_length: int):
+def _generator(session: CpuSession, max_length: int, model: Any = None):
     import onnxruntime_genai as og
 
     if max_length > session.context_length:
         raise ValueError(f"{max_length} tokens exceed the engine's context length {session.context_length}")
-    params = og.GeneratorParams(session.model)
-    # Greedy; max_length bounds the KV cache the generator allocates (else it sizes for the context).
+    model = session.model if model is None else model
+    params = og.GeneratorParams(model)
+    # Greedy; max_length bounds the KV cache the generator allocates (past/present share one
+    # buffer of max_length positions; the default would size it for the whole context).
     params.set_search_options(do_sample=False, max_length=max_length, batch_size=1)
-    return og.Generator(session.model, params)
+    return og.Generator(model, params)
 
 
 def generate(
@@ -562,12 +699,13 @@ def generate(
 def score(session: CpuSession, input_ids: list[int]) -> np.ndarray:
     """Teacher-forced logits for every position: float32 [len(input_ids), vocab].
 
-    One prefill step through og's Generator; `get_output("logits")` returns the un-pruned
-    [1, len, vocab] logits of that step (the builder's default is not to prune the lm_head).
+    One prefill step through og's Generator on score.onnx (the decoder graph without the lm_head
+    prune; same weights file, loaded on first call): `get_output("logits")` then holds the
+    [1, len, vocab] logits of that step. `get_logits()` would give the last position only.
     """
     if not input_ids:
         raise ValueError("input_ids is empty")
-    gen = _generator(session, len(input_ids) + 1)
+    gen = _generator(session, len(input_ids) + 1, session.score_model())
     gen.append_tokens(np.asarray([input_ids], dtype=np.int32))
     logits = np.asarray(gen.get_output("logits"))
     if logits.ndim != 3 or logits.shape[1] != len(input_ids):
