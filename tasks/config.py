@@ -135,6 +135,21 @@ class Profile(_Strict):
     registry: RegistryConfig = Field(default_factory=RegistryConfig, description="MLflow registry.")
     deploy: DeployConfig = Field(default_factory=DeployConfig, description="Edge deployment.")
 
+    @model_validator(mode="after")
+    def _files_exist(self):
+        """Name every missing input file up front, not hours into a run."""
+        refs = {f"distill.corpora[{i}]": c for i, c in enumerate(self.distill.corpora)}
+        refs |= {f"calibration.sources.{k}": v for k, v in self.calibration.sources.items()}
+        refs |= {f"gate.eval_sources.{k}": v for k, v in self.gate.eval_sources.items()}
+        refs |= {f"quantize.variants[{i}].recipe": v.recipe for i, v in enumerate(self.quantize.variants)}
+        missing = [f"{field}={path}" for field, path in refs.items() if not self.resolve(path).exists()]
+        if missing:
+            raise ValueError(f"files named by the profile do not exist (paths are relative to {REPO_ROOT}): {missing}")
+        names = [v.name for v in self.quantize.variants]
+        if len(set(names)) != len(names) or "fp32" in names:
+            raise ValueError(f"quantize.variants names must be unique and not 'fp32' (the reference row): {names}")
+        return self
+
     def resolve(self, rel: str) -> Path:
         """Paths in profiles are relative to the repository root."""
         p = Path(rel)

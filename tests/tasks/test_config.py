@@ -1,0 +1,46 @@
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from tasks.config import REPO_ROOT, load_profile
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO_ROOT / "configs").glob("*.yaml")))
+def test_shipped_profiles_validate(name):
+    p = load_profile(REPO_ROOT / "configs" / name)
+    assert p.quantize.variants and p.name
+
+
+def _profile(tmp_path: Path, patch) -> Path:
+    data = yaml.safe_load((REPO_ROOT / "configs" / "demo-cpu.yaml").read_text())
+    patch(data)
+    out = tmp_path / "p.yaml"
+    out.write_text(yaml.safe_dump(data))
+    return out
+
+
+def test_unknown_field_is_named(tmp_path):
+    with pytest.raises(ValidationError, match="distill.stpes"):
+        load_profile(_profile(tmp_path, lambda d: d["distill"].update(stpes=3)))
+
+
+def test_missing_recipe_file_is_named(tmp_path):
+    def patch(d):
+        d["quantize"]["variants"][0]["recipe"] = "deployments/recipes/nope.yaml"
+
+    with pytest.raises(ValidationError, match=r"quantize.variants\[0\].recipe=deployments/recipes/nope.yaml"):
+        load_profile(_profile(tmp_path, patch))
+
+
+def test_out_of_range_values_name_the_limit(tmp_path):
+    with pytest.raises(ValidationError, match="alpha"):
+        load_profile(_profile(tmp_path, lambda d: d["distill"].update(alpha=1.5)))
+    with pytest.raises(ValidationError, match="calibration.total=8 is below calibration.min_total=64"):
+        load_profile(_profile(tmp_path, lambda d: d["calibration"].update(total=8)))
+
+
+def test_missing_profile_says_where_profiles_live():
+    with pytest.raises(FileNotFoundError, match="configs"):
+        load_profile("configs/does-not-exist.yaml")
