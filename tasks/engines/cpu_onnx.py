@@ -11,7 +11,7 @@ What it does, per interface function (see `tasks/engines/__init__.py`):
   - llm-compressor checkpoints (compressed-tensors, format "pack-quantized", W4A16, group-wise)
     cannot be read by the builder directly (its compressed-tensors loader is a CUDA-only
     NVFP4/FP8 path), but the packed int4 tensors repack *bit-exactly* into the GPTQ layout the
-    builder's GPTQ loader reads (`_repack_compressed_tensors`), so the int4 ONNX model runs the
+    builder's GPTQ loader reads (`repack_compressed_tensors`), so the int4 ONNX model runs the
     very integers and scales llm-compressor chose: nothing is re-quantized.
   - Anything quantized that cannot be represented exactly (not 4-bit int, not group-wise, group
     size not a MatMulNBits block size, act-order g_idx, quantized activations, a half-quantized
@@ -30,8 +30,9 @@ What it does, per interface function (see `tasks/engines/__init__.py`):
   step rather than run in parallel; each step already uses all intra-op threads, so on a small
   CPU the aggregate throughput of 2 streams is about that of 1 (see the benchmark).
 
-Threads: EDGEFLOW_ENGINE_THREADS (if set) becomes ORT's intra_op_num_threads at `load` time,
-through an `og.Config.overlay` of the genai config (the engine dir is not modified).
+Threads: ORT's intra_op_num_threads is set at `load` time to EDGEFLOW_ENGINE_THREADS, or to the
+number of CPUs this process may use, through an `og.Config.overlay` of the genai config (the
+engine dir is not modified; og's own default ran one thread on the 2-core box, 1.7x slower).
 """
 from __future__ import annotations
 
@@ -48,25 +49,30 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tasks.artifacts import sha256_tree
 from tasks.engines import EngineIncompatibleError
 
+if TYPE_CHECKING:  # torch is imported lazily: loading an engine does not need it
+    import torch
+
 BACKEND = "cpu"
 ENGINE_JSON = "engine.json"
 THREADS_ENV = "EDGEFLOW_ENGINE_THREADS"
 
 # Build profile keys and their defaults; `profile` passed to `build` overrides any of them.
-# Measured on the 10-layer student (RTN int4 asym g64), AMD EPYC 2 cores AVX2 without VNNI, greedy
-# token agreement vs the fake-quantized HF model (5 chat prompts x 32 tokens) and decode tok/s
-# (see benchmarks/engine_cpu_results.md):
-#   accuracy_level=1, lm_head=fp32   100% agreement (max |dlogit| 3e-4)  ~40 tok/s  (dense fp32 engine ~40)
-#   accuracy_level=1, lm_head=int8    88% agreement (top-1 99.7%)        ~55 tok/s
-#   accuracy_level=4, lm_head=int8    24% agreement (top-1 82%)          ~100 tok/s
-#   accuracy_level=4, lm_head=int4    18% agreement (top-1 66%)          ~115 tok/s
+# Measured on the 10-layer student (RTN int4 asym g64), AMD EPYC 2 cores AVX2 without VNNI, 2 ORT
+# threads: greedy token agreement vs the fake-quantized HF model (5 chat prompts x 32 tokens),
+# teacher-forced top-1 agreement, decode tok/s (128 tokens; benchmarks/engine_cpu_results.md):
+#   accuracy_level=1, lm_head=fp32   100% agreement (max |dlogit| 3e-4)  ~71-78 tok/s  <- default
+#   accuracy_level=1, lm_head=int8    88% agreement (top-1 99.7%)        ~105 tok/s
+#   accuracy_level=4, lm_head=fp32    24% agreement (top-1 83%)          ~97 tok/s
+#   accuracy_level=4, lm_head=int8    24% agreement (top-1 82%)          ~177 tok/s
+#   accuracy_level=4, lm_head=int4    18% agreement (top-1 66%)          ~182 tok/s
+#   (dense fp32 engine ~61-63 tok/s, HF eager fp32 ~20 tok/s)
 # accuracy_level 4 quantizes activations to int8 per 64-wide block (~1-2% relative error per
 # MatMul, measured equal to ideal block quantization); on undistilled layer-dropped students and
 # even on the 30-layer teacher (41% agreement, top-1 93%) that flips greedy tokens, so the default
@@ -216,7 +222,7 @@ def _load_safetensors(checkpoint_dir: Path) -> dict[str, Any]:
     return tensors
 
 
-def _unpack_int4_rows(packed, rows: int):
+def _unpack_int4_rows(packed: torch.Tensor, rows: int) -> torch.Tensor:
     """Unpack int32 words packing 8 nibbles along dim 1 (nibble i of a word at bits 4i) -> uint8 [n, rows]."""
     import torch
 
@@ -225,7 +231,7 @@ def _unpack_int4_rows(packed, rows: int):
     return out.reshape(packed.shape[0], -1)[:, :rows].to(torch.uint8)
 
 
-def _pack_int4_rows(values):
+def _pack_int4_rows(values: torch.Tensor) -> torch.Tensor:
     """Inverse of `_unpack_int4_rows`: uint8 [n, m] (m % 8 == 0) -> int32 [n, m / 8]."""
     import torch
 
@@ -288,6 +294,9 @@ def repack_compressed_tensors(checkpoint_dir: Path, out_dir: Path, scheme: Quant
             raise ValueError(f"{prefix}: act-order weight_g_idx (non-contiguous groups) is not representable")
         if scale.shape != (n_out, n_in // gs):
             raise ValueError(f"{prefix}: weight_scale shape {tuple(scale.shape)} != ({n_out}, {n_in // gs})")
+        if not (torch.isfinite(scale).all() and (scale > 0).all()):
+            # the builder divides by the scales when it re-derives the integers (see module docstring)
+            raise ValueError(f"{prefix}: weight_scale has zero, negative or non-finite entries")
         if scheme.symmetric:
             zp_u = torch.full((n_out, n_in // gs), 8, dtype=torch.uint8)
         else:
@@ -318,7 +327,9 @@ def repack_compressed_tensors(checkpoint_dir: Path, out_dir: Path, scheme: Quant
     return {"linear_layers": n_linear, "tensors": len(out)}
 
 
-def dequantize_gptq(qweight, qzeros, scales, group_size: int):
+def dequantize_gptq(
+    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int
+) -> torch.Tensor:
     """Reference dequantization of a GPTQ-format layer -> float32 [out, in] (used by the tests)."""
     import torch
 
@@ -580,17 +591,12 @@ def check_compatible(engine_dir: Path) -> None:
             f"{engine_dir}: engine built with onnxruntime-genai {built}, this device has onnxruntime-genai "
             f"{have['onnxruntime_genai']} (major.minor must match; rebuild the engine)"
         )
-    machine = platform.machine()
-    built_arch = (meta.get("device") or {}).get("arch")
-    if built_arch and _arch_family(built_arch) != _arch_family(machine):
-        raise EngineIncompatibleError(
-            f"{engine_dir}: engine built on arch {built_arch}, this device is {machine}"
-        )
-
-
-def _arch_family(arch: str) -> str:
-    a = arch.lower()
-    return {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}.get(a, a)
+    missing = [f for f in meta.get("model_files", []) + ["genai_config.json"] if not (Path(engine_dir) / f).exists()]
+    if missing:
+        raise EngineIncompatibleError(f"{engine_dir}: engine files missing: {missing}")
+    # No ISA/arch requirement: the ONNX files hold no machine code (MLAS picks AVX2/AVX-512/VNNI/
+    # NEON kernels and prepacks MatMulNBits weights when the session is created), so an engine
+    # built here runs on any CPU onnxruntime supports; device fingerprint is provenance only.
 
 
 @dataclass
@@ -602,7 +608,7 @@ class CpuSession:
     meta: dict[str, Any]
     vocab_size: int
     context_length: int
-    threads: int | None
+    threads: int
     score_model_file: str = "model.onnx"
     _score_model: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -617,10 +623,18 @@ class CpuSession:
             return self._score_model
 
 
-def _threads_from_env() -> int | None:
+def _threads_from_env() -> int:
+    """ORT intra-op threads: $EDGEFLOW_ENGINE_THREADS, else every CPU this process may run on.
+
+    Left unset, onnxruntime-genai's session ran decode on one thread here (2-core EPYC: 41 tok/s
+    unset, 40 with 1 thread, 71 with 2 on the 10-layer int4 student), so the count is always set.
+    """
     value = os.environ.get(THREADS_ENV)
     if not value:
-        return None
+        try:
+            return len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            return os.cpu_count() or 1
     try:
         threads = int(value)
     except ValueError:
@@ -630,17 +644,14 @@ def _threads_from_env() -> int | None:
     return threads
 
 
-def _og_model(engine_dir: Path, threads: int | None, filename: str | None = None) -> Any:
+def _og_model(engine_dir: Path, threads: int, filename: str | None = None) -> Any:
     import onnxruntime_genai as og
 
     config = og.Config(str(engine_dir))
-    decoder: dict[str, Any] = {}
-    if threads is not None:
-        decoder["session_options"] = {"intra_op_num_threads": threads}
+    decoder: dict[str, Any] = {"session_options": {"intra_op_num_threads": threads}}
     if filename is not None:
         decoder["filename"] = filename
-    if decoder:
-        config.overlay(json.dumps({"model": {"decoder": decoder}}))
+    config.overlay(json.dumps({"model": {"decoder": decoder}}))
     return og.Model(config)
 
 
@@ -662,7 +673,7 @@ def load(engine_dir: Path) -> CpuSession:
     )
 
 
-def _generator(session: CpuSession, max_length: int, model: Any = None):
+def _generator(session: CpuSession, max_length: int, model: Any = None) -> Any:
     import onnxruntime_genai as og
 
     if max_length > session.context_length:
@@ -678,7 +689,11 @@ def _generator(session: CpuSession, max_length: int, model: Any = None):
 def generate(
     session: CpuSession, input_ids: list[int], max_new_tokens: int, stop_token_ids: Sequence[int]
 ) -> Iterator[int]:
-    """Greedy decoding with the KV cache; yields each new token id (never a stop id)."""
+    """Greedy decoding with the KV cache; yields each new token id (never a stop id).
+
+    Besides `stop_token_ids`, onnxruntime-genai itself ends the sequence after the model's
+    eos_token_id (genai_config.json); that token is yielded unless it is also a stop id.
+    """
     if not input_ids:
         raise ValueError("input_ids is empty")
     if max_new_tokens <= 0:
