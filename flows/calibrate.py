@@ -12,7 +12,9 @@ from tasks.runs import ReleaseContext, content_key, stage_run
 
 
 @task(cache_key_fn=content_key, persist_result=True)
-def build_calibration(student: ArtifactRef, cfg: CalibrationConfig, source_hashes: dict[str, str], ctx: ReleaseContext) -> ArtifactRef:
+def build_calibration(
+    student: ArtifactRef, cfg: CalibrationConfig, source_hashes: dict[str, str], ctx: ReleaseContext, attempt: int = 0
+) -> ArtifactRef:
     """Sample the sources by ratio, truncate, write Parquet, and log it to MLflow as a dataset input."""
     import mlflow.data
     import pandas as pd
@@ -25,7 +27,7 @@ def build_calibration(student: ArtifactRef, cfg: CalibrationConfig, source_hashe
     key = sha256_json({"cfg": cfg.model_dump(), "sources": source_hashes})[:16]
     out = profile.work / "artifacts" / "calibration" / key / "calibration.parquet"
     tok = AutoTokenizer.from_pretrained(student.uri)
-    with stage_run(ctx, "calibrate", cfg.model_dump()) as (client, run_id):
+    with stage_run(ctx, "calibrate" + (f"-attempt{attempt}" if attempt else ""), cfg.model_dump()) as (client, run_id):
         stats = build_calibration_set(
             {d: profile.resolve(p) for d, p in cfg.sources.items()}, cfg.ratios, cfg.total, cfg.max_tokens, cfg.seed, tok, out
         )
@@ -41,8 +43,8 @@ def build_calibration(student: ArtifactRef, cfg: CalibrationConfig, source_hashe
 
 
 @flow(name="calibrate", log_prints=True)
-def calibrate(profile: str, ctx: ReleaseContext, student: ArtifactRef) -> ArtifactRef:
-    """Shipped sources in, calibration Parquet out."""
+def calibrate(profile: str, ctx: ReleaseContext, student: ArtifactRef, attempt: int = 0) -> ArtifactRef:
+    """Shipped sources in, calibration Parquet out (attempt > 0: a larger recalibration set)."""
     p = load_profile(profile)
     hashes = {d: sha256_file(p.resolve(path)) for d, path in p.calibration.sources.items()}
-    return build_calibration(student, p.calibration, hashes, ctx)
+    return build_calibration(student, p.calibration.for_attempt(attempt), hashes, ctx, attempt)

@@ -22,6 +22,7 @@ def gate_variants(
     gate: GateConfig,
     backend: str,
     ctx: ReleaseContext,
+    attempt: int = 0,
 ) -> ArtifactRef:
     """Check calibration/eval disjointness, then score each engine and write the gate report."""
     import pyarrow.parquet as pq
@@ -51,7 +52,8 @@ def gate_variants(
         }
         for c, e in zip(checkpoints, engines, strict=True)
     ]
-    with stage_run(ctx, "consistency", gate.model_dump() | {"backend": backend}) as (client, run_id):
+    stage = "consistency" + (f"-attempt{attempt}" if attempt else "")
+    with stage_run(ctx, stage, gate.model_dump() | {"backend": backend}) as (client, run_id):
         rows = run_gate(student.path, variants, seqs, gate, backend, speed_prompt)
         for v, row in zip(variants, rows):
             row["checkpoint"] = v["checkpoint"].model_dump()
@@ -63,9 +65,11 @@ def gate_variants(
             "eval_prompts": len(seqs),
             "eval_positions": sum(len(s) - 1 for s in seqs),
             "backend": backend,
+            "attempt": attempt,
+            "calibration": {"sha256": calibration.sha256, "total": calibration.meta.get("total")},
             "rows": rows,
         }
-        out = profile.work / "releases" / ctx.release_id / "gate.json"
+        out = profile.work / "releases" / ctx.release_id / f"gate-attempt{attempt}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1))
         client.log_artifact(run_id, str(out), "gate")
@@ -75,8 +79,8 @@ def gate_variants(
 @flow(name="consistency", log_prints=True)
 def consistency(
     profile: str, ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef,
-    checkpoints: list[ArtifactRef], engines: list[ArtifactRef],
+    checkpoints: list[ArtifactRef], engines: list[ArtifactRef], attempt: int = 0,
 ) -> ArtifactRef:
     """Engines in, gate report out."""
     p = load_profile(profile)
-    return gate_variants(student, calibration, checkpoints, engines, p.gate, p.engine.backend, ctx)
+    return gate_variants(student, calibration, checkpoints, engines, p.gate, p.engine.backend, ctx, attempt)

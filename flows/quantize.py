@@ -13,7 +13,7 @@ from tasks.runs import ReleaseContext, content_key, stage_run
 
 @task(cache_key_fn=content_key, persist_result=True)
 def quantize_variant(
-    student: ArtifactRef, calibration: ArtifactRef, variant: VariantConfig, recipe: dict, ctx: ReleaseContext
+    student: ArtifactRef, calibration: ArtifactRef, variant: VariantConfig, recipe: dict, ctx: ReleaseContext, attempt: int = 0
 ) -> ArtifactRef:
     """Run llm-compressor oneshot with the variant's recipe and log the compressed checkpoint."""
     import pyarrow.parquet as pq
@@ -26,7 +26,8 @@ def quantize_variant(
     ids = pq.read_table(calibration.uri, columns=["input_ids"]).column("input_ids").to_pylist()
     if variant.calibration_samples:
         ids = ids[: variant.calibration_samples]
-    with stage_run(ctx, f"quantize-{variant.name}", variant.model_dump() | {"calibration_sha256": calibration.sha256}) as (client, run_id):
+    stage = f"quantize-{variant.name}" + (f"-attempt{attempt}" if attempt else "")
+    with stage_run(ctx, stage, variant.model_dump() | {"calibration_sha256": calibration.sha256}) as (client, run_id):
         info = quantize(student.path, recipe, ids, out)
         client.log_dict(run_id, recipe, "recipe.yaml")
         client.log_metric(run_id, "size_mb", info["size_mb"])
@@ -41,7 +42,9 @@ def quantize_variant(
 
 
 @flow(name="quantize", log_prints=True)
-def quantize(profile: str, ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef) -> list[ArtifactRef]:
+def quantize(
+    profile: str, ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef, attempt: int = 0
+) -> list[ArtifactRef]:
     """Student and calibration set in, one compressed checkpoint per variant out."""
     from tasks.quantize import load_recipe
 
@@ -49,7 +52,12 @@ def quantize(profile: str, ctx: ReleaseContext, student: ArtifactRef, calibratio
     # Variants run one after another here: llm-compressor keeps one global compression session per
     # process, and on 2 CPU cores parallel variants would only fight for the same cores. A GPU pool
     # runs each variant as its own flow run (one deployment run per variant) to get parallelism.
-    return [
-        quantize_variant(student, calibration, v, load_recipe(p.resolve(v.recipe), p.quantize.recipe_overrides), ctx)
+    variants = [
+        # a recalibration attempt also scales a variant's own sample cap (e.g. AWQ's 16 on the CPU demo)
+        v.model_copy(update={"calibration_samples": v.calibration_samples * 2**attempt}) if v.calibration_samples else v
         for v in p.quantize.variants
+    ]
+    return [
+        quantize_variant(student, calibration, v, load_recipe(p.resolve(v.recipe), p.quantize.recipe_overrides), ctx, attempt)
+        for v in variants
     ]

@@ -64,7 +64,23 @@ def run_deploy_on_pool(profile: str, alias: str) -> dict:
 
 
 @task
-def write_report(ctx: ReleaseContext, student: ArtifactRef, gate_report: ArtifactRef, registry: dict, deployed: dict | None) -> dict:
+def summarize_attempt(gate_report: ArtifactRef) -> dict:
+    """Did any quantized variant pass this attempt's gate, and how close did the best one come?"""
+    gate = json.loads(gate_report.path.read_text())
+    quantized = [r for r in gate["rows"] if r["quantized"]]
+    best = max(quantized, key=lambda r: r["top1_agreement"], default=None)
+    return {
+        "attempt": gate["attempt"],
+        "calibration_samples": gate["calibration"]["total"],
+        "passed": [r["name"] for r in quantized if r["passed"]],
+        "best": best and f"{best['name']}: agreement {best['top1_agreement']:.2%}, KL {best['kl']:.4f}; {'; '.join(best['reasons']) or 'passed'}",
+    }
+
+
+@task
+def write_report(
+    ctx: ReleaseContext, student: ArtifactRef, gate_report: ArtifactRef, registry: dict, deployed: dict | None, attempts: list[dict]
+) -> dict:
     """Assemble the report, save it as reports/<release_id>.json and .md, and log both to MLflow."""
     from mlflow import MlflowClient
 
@@ -79,7 +95,10 @@ def write_report(ctx: ReleaseContext, student: ArtifactRef, gate_report: Artifac
         "staging": registry["staging"],
         "staging_version": registry["staging_version"],
         "registered": registry["registered"],
-        "why_no_staging": registry["why_no_staging"],
+        "why_no_staging": registry["why_no_staging"] and (
+            f"no variant met the bar after {len(attempts)} attempt(s); " + registry["why_no_staging"]
+        ),
+        "attempts": attempts,
         "smoke_answer": deployed["smoke_answer"] if deployed else None,
         "deploy": deployed and {k: deployed[k] for k in ("url", "version", "engine_binding")},
         "gate": gate["thresholds"],
@@ -108,14 +127,22 @@ def write_report(ctx: ReleaseContext, student: ArtifactRef, gate_report: Artifac
 @flow(name="release", log_prints=True)
 def release(profile: str = "configs/demo-cpu.yaml", deploy: Literal["pool", "inline", "none"] = "pool") -> dict:
     """The whole chain on one profile; returns the report."""
-    load_profile(profile)  # fail on a bad profile before anything runs
+    p = load_profile(profile)  # fail on a bad profile before anything runs
     ctx = open_release(profile)
     student = distill(profile, ctx)
-    calibration = calibrate(profile, ctx, student)
-    quantized = quantize(profile, ctx, student, calibration)
-    checkpoints = [student, *quantized]
-    engines = build_engine(profile, ctx, checkpoints)
-    gate_report = consistency(profile, ctx, student, calibration, checkpoints, engines)
+    attempts = []
+    # Bounded recalibration: when no variant meets the bar, try again with a larger calibration set
+    # (each attempt's stages are their own MLflow runs), at most gate.recalibration_attempts times.
+    for attempt in range(p.gate.recalibration_attempts + 1):
+        calibration = calibrate(profile, ctx, student, attempt)
+        quantized = quantize(profile, ctx, student, calibration, attempt)
+        checkpoints = [student, *quantized]
+        engines = build_engine(profile, ctx, checkpoints)
+        gate_report = consistency(profile, ctx, student, calibration, checkpoints, engines, attempt)
+        attempts.append(summarize_attempt(gate_report))
+        if attempts[-1]["passed"]:
+            break
+        print(f"attempt {attempt}: no quantized variant met the bar ({attempts[-1]['best']})")
     teacher = ArtifactRef.model_validate(student.meta["teacher"])
     registry = register(profile, ctx, gate_report, {"teacher": teacher, "student": student, "calibration": calibration})
     deployed = None
@@ -123,7 +150,15 @@ def release(profile: str = "configs/demo-cpu.yaml", deploy: Literal["pool", "inl
         deployed = run_deploy_on_pool(profile, "staging")
     elif registry["staging"] and deploy == "inline":
         deployed = deploy_edge(profile, "staging")
-    return write_report(ctx, student, gate_report, registry, deployed)
+    report = write_report(ctx, student, gate_report, registry, deployed, attempts)
+    if not registry["staging"]:
+        # A release without a candidate is a failed release: red in the UI, aliases untouched, report written.
+        raise GateFailed(f"{report['why_no_staging']} (report: reports/{ctx.release_id}.md)")
+    return report
+
+
+class GateFailed(RuntimeError):
+    """No quantized variant met the gate after the bounded recalibration."""
 
 
 if __name__ == "__main__":

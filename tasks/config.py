@@ -42,6 +42,8 @@ class DistillConfig(_Strict):
 
 
 class CalibrationConfig(_Strict):
+    """How the calibration set is drawn; `for_attempt` derives a bounded recalibration's variant."""
+
     sources: dict[str, str] = Field(
         default={
             "chat": "data/corpora/chat.jsonl",
@@ -71,6 +73,10 @@ class CalibrationConfig(_Strict):
         if any(r < 0 for r in self.ratios.values()) or sum(self.ratios.values()) <= 0:
             raise ValueError("calibration.ratios must be non-negative and sum to more than 0")
         return self
+
+    def for_attempt(self, attempt: int) -> "CalibrationConfig":
+        """Attempt 0 is this config; attempt k draws 2^k times the samples with seed + k."""
+        return self if attempt == 0 else self.model_copy(update={"total": self.total * 2**attempt, "seed": self.seed + attempt})
 
 
 class VariantConfig(_Strict):
@@ -106,6 +112,10 @@ class GateConfig(_Strict):
     max_ppl_increase: float = Field(default=0.05, ge=0, description="Pass: relative perplexity increase over the FP reference.")
     min_engine_parity: float = Field(
         default=0.98, ge=0, le=1, description="Engine fault if the engine's top-1 agreement with its own fake-quantized HF model is below this."
+    )
+    recalibration_attempts: int = Field(
+        default=2, ge=0, le=5,
+        description="When no variant passes: recalibrate and re-quantize at most this many times, each attempt with twice the calibration samples and a new seed.",
     )
 
 

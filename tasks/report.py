@@ -39,6 +39,11 @@ def markdown(report: dict) -> str:
     failed = [r for r in report["variants"] if not r["passed"]]
     if failed:
         out += ["", "## Why variants failed", ""] + [f"- {r['name']}: {'; '.join(r['reasons'])}" for r in failed]
+    if len(report.get("attempts", [])) > 1:
+        out += ["", "## Recalibration attempts", ""] + [
+            f"- attempt {a['attempt']}: {a['calibration_samples']} calibration samples; passed: {', '.join(a['passed']) or 'none'}; best: {a['best']}"
+            for a in report["attempts"]
+        ]
     if report.get("why_no_staging"):
         out += ["", f"No staging: {report['why_no_staging']}"]
     if report.get("deploy"):

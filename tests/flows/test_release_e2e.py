@@ -94,3 +94,35 @@ def test_release_deployment_registers_stages_and_serves(services):
     )
     text = "".join((chunk.choices[0].delta.content or "") for chunk in stream if chunk.choices)
     assert text  # a 3-step student may answer in whitespace; the stream must still carry content
+
+
+def test_gate_nobody_can_pass_keeps_aliases_recalibrates_and_reports(services, tmp_path):
+    import yaml
+    from mlflow import MlflowClient
+    from prefect.deployments import run_deployment
+
+    from tasks.config import load_profile
+
+    data = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
+    data["gate"].update(min_top1_agreement=1.0, max_mean_kl=0.0, recalibration_attempts=1)  # no int4 model can be exact
+    path = tmp_path / "impossible.yaml"
+    path.write_text(yaml.safe_dump(data))
+    profile = load_profile(path)
+    c = MlflowClient(services["MLFLOW_TRACKING_URI"])
+    name = profile.registry.model_name
+    before = {a: c.get_model_version_by_alias(name, a).version for a in ("staging",)}
+    versions_before = len(c.search_model_versions(f"name = '{name}'"))
+
+    fr = run_deployment("release/release", parameters={"profile": str(path), "deploy": "none"}, timeout=1800)
+    assert fr.state.is_failed() and "no variant met the bar after 2 attempt(s)" in fr.state.message
+
+    assert {a: c.get_model_version_by_alias(name, a).version for a in ("staging",)} == before
+    assert len(c.search_model_versions(f"name = '{name}'")) == versions_before
+    report_path = sorted((REPO / "reports").glob("test-tiny-*.json"), key=lambda p: p.stat().st_mtime)[-1]
+    report = json.loads(report_path.read_text())
+    assert report["staging"] is None and "no variant met the bar" in report["why_no_staging"]
+    assert [a["attempt"] for a in report["attempts"]] == [0, 1]
+    assert report["attempts"][1]["calibration_samples"] == 2 * report["attempts"][0]["calibration_samples"]
+    parent = c.get_run(report["mlflow_parent_run_id"])
+    stages = {r.data.tags["edgeflow.stage"] for r in c.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")}
+    assert {"calibrate-attempt1", "quantize-awq-w4a16-attempt1", "consistency-attempt1"} <= stages

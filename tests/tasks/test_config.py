@@ -44,3 +44,10 @@ def test_out_of_range_values_name_the_limit(tmp_path):
 def test_missing_profile_says_where_profiles_live():
     with pytest.raises(FileNotFoundError, match="configs"):
         load_profile("configs/does-not-exist.yaml")
+
+
+def test_recalibration_attempts_double_samples_and_change_seed():
+    cfg = load_profile(REPO_ROOT / "configs" / "demo-cpu.yaml").calibration
+    assert cfg.for_attempt(0) is cfg
+    assert (cfg.for_attempt(2).total, cfg.for_attempt(2).seed) == (cfg.total * 4, cfg.seed + 2)
+    assert cfg.for_attempt(1).ratios == cfg.ratios
