@@ -12,7 +12,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks.textdata import load_texts
+from tasks.textdata import load_texts, record_text
+
+
+def load_pool(source: Path, tokenizer) -> tuple[list[str], dict | None]:
+    """Texts of one calibration source: a file, or a directory of edge-server access logs (cleaned first)."""
+    if Path(source).is_dir():
+        from dataclasses import asdict
+
+        from tasks.access_logs import ingest, log_files
+
+        records, report = ingest(log_files(source))
+        return [record_text(r, tokenizer) for r in records], asdict(report)
+    return load_texts([source], tokenizer), None
 
 
 def allocate(ratios: dict[str, float], total: int) -> dict[str, int]:
@@ -44,8 +56,11 @@ def build_calibration_set(
     counts = allocate({k: v for k, v in ratios.items() if v > 0}, total)
     rows: list[dict] = []
     repeats: dict[str, int] = {}
+    ingest_reports: dict[str, dict] = {}
     for domain in sorted(counts):
-        pool = load_texts([sources[domain]], tokenizer)
+        pool, ingest_report = load_pool(sources[domain], tokenizer)
+        if ingest_report:
+            ingest_reports[domain] = ingest_report
         idx, repeats[domain] = sample_domain(pool, counts[domain], rng)
         for i in idx:
             ids = tokenizer(pool[i], add_special_tokens=False)["input_ids"]
@@ -70,6 +85,7 @@ def build_calibration_set(
         "truncated": int(sum(r["truncated"] for r in rows)),
         "token_length": {f"p{q}": float(np.percentile(lengths, q)) for q in (50, 90, 99)} | {"max": int(lengths.max())},
         "total_tokens": int(lengths.sum()),
+        "access_log_ingest": ingest_reports,
     }
 
 

@@ -59,7 +59,7 @@ def test_overlap_is_found_and_named():
     hits = find_overlap(calib, evals)
     assert [h["eval_index"] for h in hits] == [0, 1]
     assert hits[0]["kind"] == "exact" and hits[1]["kind"] == "8-gram"
-    with pytest.raises(LeakageError, match=r"2 evaluation item\(s\) overlap.*eval\[0\].*eval\[1\]"):
+    with pytest.raises(LeakageError, match=r"(?s)2 evaluation item\(s\) overlap.*eval\[0\].*eval\[1\]"):
         check_no_leakage(calib, evals)
     check_no_leakage(calib, evals[2:])  # disjoint sets pass
 
@@ -75,3 +75,16 @@ def test_shipped_calibration_sources_do_not_leak_into_eval(teacher_dir):
     # chat rendering adds the same system prompt to every item: compare the content, not the template
     strip = lambda t: t.replace("You are a helpful AI assistant named SmolLM, trained by Hugging Face", "")  # noqa: E731
     check_no_leakage([strip(t) for t in calib], [strip(t) for t in evals])
+
+
+def test_access_log_directory_is_a_source_and_arrives_scrubbed(tmp_path, teacher_dir):
+    from tasks.config import REPO_ROOT
+
+    tok = AutoTokenizer.from_pretrained(teacher_dir)
+    sources = {"traffic": REPO_ROOT / "data" / "access_logs", "wiki": REPO_ROOT / "data" / "corpora" / "wiki.jsonl"}
+    stats = build_calibration_set(sources, {"traffic": 1, "wiki": 1}, 64, 128, 0, tok, tmp_path / "c.parquet")
+    assert stats["counts"] == {"traffic": 32, "wiki": 32}
+    ingest = stats["access_log_ingest"]["traffic"]
+    assert (ingest["malformed"], ingest["exact_duplicates"], ingest["records_with_pii"], ingest["kept"]) == (5, 6, 10, 100)
+    texts = pq.read_table(tmp_path / "c.parquet").column("text").to_pylist()
+    assert not any("@example.com" in t or "4111 1111" in t for t in texts)
