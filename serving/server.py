@@ -365,8 +365,7 @@ class Runtime:
     """The loaded engine plus what the HTTP layer needs to talk to it."""
 
     def __init__(self, engine_dir: Path, settings: ServerSettings) -> None:
-        from transformers import AutoTokenizer
-
+        from serving.tokenizer import LightTokenizer
         from tasks.engines import get_backend
 
         self.engine_dir = Path(engine_dir)
@@ -383,7 +382,8 @@ class Runtime:
         self.settings = settings
         # The tokenizer is cheap to load and needed to validate requests, so it loads here; the
         # engine session loads in the background (`load`) so /ready can say 503 meanwhile.
-        self.tokenizer = AutoTokenizer.from_pretrained(str(self.engine_dir))
+        # LightTokenizer, not transformers: importing transformers alone adds ~500 MB (torch) to the server.
+        self.tokenizer = LightTokenizer(self.engine_dir)
         self.stop_ids = self._stop_ids()
         self.engine_version = settings.engine_version or self._default_engine_version()
         self.runtime_versions = {
