@@ -29,7 +29,8 @@ def gate_variants(
     from transformers import AutoTokenizer
 
     from tasks.calibration import check_no_leakage
-    from tasks.evaluation.gate import eval_texts, run_gate, tokenize
+    from tasks.evaluation import plots
+    from tasks.evaluation.gate import eval_texts, greedy_prompts, run_gate, tokenize
 
     profile = load_profile(ctx.profile)
     tok = AutoTokenizer.from_pretrained(student.uri)
@@ -40,6 +41,7 @@ def gate_variants(
         [{"role": "user", "content": "Explain in a few sentences why the sky is blue."}], add_generation_prompt=True, tokenize=False
     )
     speed_prompt = tok(speed_text, add_special_tokens=False)["input_ids"]
+    prompts = greedy_prompts(seqs, gate.greedy_prompts)
     variants = [
         {
             "name": c.meta.get("variant", "fp32"),
@@ -54,12 +56,28 @@ def gate_variants(
     ]
     stage = "consistency" + (f"-attempt{attempt}" if attempt else "")
     with stage_run(ctx, stage, gate.model_dump() | {"backend": backend}) as (client, run_id):
-        rows = run_gate(student.path, variants, seqs, gate, backend, speed_prompt)
+        rows, dists = run_gate(student.path, variants, seqs, gate, backend, speed_prompt, prompts, [tok.eos_token_id])
         for v, row in zip(variants, rows):
             row["checkpoint"] = v["checkpoint"].model_dump()
             row["engine"] = v["engine"].model_dump()
-            for k in ("top1_agreement", "kl", "ppl", "decode_tok_s", "ttft_ms", "engine_parity"):
-                client.log_metric(run_id, f"{row['name']}.{k}", float(row["metrics"][k]))
+            row["engine_precision"] = engine_precision(v["engine"].path)
+            for k in ("top1_agreement", "top1_agreement_last", "kl", "kl_p99", "ppl", "greedy_exact_match",
+                      "decode_tok_s", "ttft_ms", "engine_parity"):
+                if row["metrics"][k] is not None:
+                    client.log_metric(run_id, f"{row['name']}.{k}", float(row["metrics"][k]))
+        plot_dir = profile.work / "releases" / ctx.release_id / f"plots-attempt{attempt}"
+        plot_dir.mkdir(parents=True, exist_ok=True)
+        quantized = {v["name"] for v in variants if v["quantized"]}
+        figures = [
+            plots.layer_error_plot({c.meta["variant"]: c.meta.get("layer_error", {}) for c in checkpoints if c.kind == "quantized"},
+                                   plot_dir / "layer_error.png"),
+            plots.agreement_histogram({n: a for n, a in dists["seq_agreement"].items() if n in quantized},
+                                      gate.min_top1_agreement, plot_dir / "agreement_histogram.png"),
+            plots.kl_distribution({n: k for n, k in dists["kl"].items() if n in quantized}, gate.max_mean_kl,
+                                  plot_dir / "kl_distribution.png"),
+        ]
+        for f in figures:
+            client.log_artifact(run_id, str(f), "plots")
         report = {
             "thresholds": gate.model_dump(exclude={"eval_sources"}),
             "eval_prompts": len(seqs),
@@ -68,12 +86,19 @@ def gate_variants(
             "attempt": attempt,
             "calibration": {"sha256": calibration.sha256, "total": calibration.meta.get("total")},
             "rows": rows,
+            "plots": {f.stem: str(f) for f in figures},
         }
         out = profile.work / "releases" / ctx.release_id / f"gate-attempt{attempt}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1))
         client.log_artifact(run_id, str(out), "gate")
         return ArtifactRef(kind="gate-report", uri=str(out), sha256=sha256_file(out), mlflow_run_id=run_id)
+
+
+def engine_precision(engine_dir) -> str:
+    """What the engine computes with, from its engine.json (e.g. 'int4', 'fp32 (dequantized)')."""
+    meta = json.loads((engine_dir / "engine.json").read_text())
+    return meta.get("precision", "?") + (" (dequantized)" if meta.get("dequantized") else "")
 
 
 @flow(name="consistency", log_prints=True)

@@ -4,7 +4,7 @@ Tiny CPU run (with services up): python -m flows.release --profile configs/test-
 """
 from __future__ import annotations
 
-from prefect import flow, task
+from prefect import flow, task, unmapped
 
 from tasks.artifacts import ArtifactRef, sha256_file, sha256_json, sha256_tree
 from tasks.config import VariantConfig, load_profile
@@ -13,7 +13,8 @@ from tasks.runs import ReleaseContext, content_key, stage_run
 
 @task(cache_key_fn=content_key, persist_result=True)
 def quantize_variant(
-    student: ArtifactRef, calibration: ArtifactRef, variant: VariantConfig, recipe: dict, ctx: ReleaseContext, attempt: int = 0
+    student: ArtifactRef, calibration: ArtifactRef, variant: VariantConfig, recipe: dict, ctx: ReleaseContext,
+    attempt: int = 0, slot: int = 0,
 ) -> ArtifactRef:
     """Run llm-compressor oneshot with the variant's recipe and log the compressed checkpoint."""
     import pyarrow.parquet as pq
@@ -28,7 +29,8 @@ def quantize_variant(
         ids = ids[: variant.calibration_samples]
     stage = f"quantize-{variant.name}" + (f"-attempt{attempt}" if attempt else "")
     with stage_run(ctx, stage, variant.model_dump() | {"calibration_sha256": calibration.sha256}) as (client, run_id):
-        info = quantize(student.path, recipe, ids, out)
+        info = quantize(student.path, recipe, ids, out, slot)
+        client.log_dict(run_id, info["layer_error"], "layer_error.json")
         client.log_dict(run_id, recipe, "recipe.yaml")
         client.log_metric(run_id, "size_mb", info["size_mb"])
         client.log_artifacts(run_id, str(out), "quantized")
@@ -49,15 +51,21 @@ def quantize(
     from tasks.quantize import load_recipe
 
     p = load_profile(profile)
-    # Variants run one after another here: llm-compressor keeps one global compression session per
-    # process, and on 2 CPU cores parallel variants would only fight for the same cores. A GPU pool
-    # runs each variant as its own flow run (one deployment run per variant) to get parallelism.
     variants = [
         # a recalibration attempt also scales a variant's own sample cap (e.g. AWQ's 16 on the CPU demo)
         v.model_copy(update={"calibration_samples": v.calibration_samples * 2**attempt}) if v.calibration_samples else v
-        for v in p.quantize.variants
+        # attempt k also tries the k first less aggressive fallbacks (mixed W8/W4, then W8A16, …)
+        for v in p.quantize.variants + p.quantize.fallback_variants[:attempt]
     ]
-    return [
-        quantize_variant(student, calibration, v, load_recipe(p.resolve(v.recipe), p.quantize.recipe_overrides), ctx, attempt)
-        for v in variants
-    ]
+    recipes = [load_recipe(p.resolve(v.recipe), p.quantize.recipe_overrides) for v in variants]
+    # Variants are mapped tasks: a GPU worker runs max_parallel of them at once, one GPU each. The
+    # CPU profiles keep max_parallel at 1 because parallel variants would only share the same cores.
+    refs: list[ArtifactRef] = []
+    for start in range(0, len(variants), p.quantize.max_parallel):
+        batch = slice(start, start + p.quantize.max_parallel)
+        futures = quantize_variant.map(
+            unmapped(student), unmapped(calibration), variants[batch], recipes[batch], unmapped(ctx), unmapped(attempt),
+            list(range(len(variants[batch]))),
+        )
+        refs += futures.result()
+    return refs

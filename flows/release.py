@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Literal
 
 from prefect import flow, task
@@ -89,8 +91,9 @@ def write_report(
     report = {
         "release_id": ctx.release_id,
         "profile": ctx.profile,
-        "variants": [{k: r[k] for k in ("name", "size_mb", "decode_tok_s", "ttft_ms", "top1_agreement", "kl", "ppl",
-                                        "passed", "quantized", "reasons")} | {"engine_parity": round(r["metrics"]["engine_parity"], 4)}
+        "variants": [{k: r[k] for k in ("name", "size_mb", "engine_precision", "decode_tok_s", "ttft_ms", "top1_agreement",
+                                        "top1_last", "kl", "kl_p99", "ppl", "exact32", "passed", "quantized", "reasons")}
+                     | {"engine_parity": round(r["metrics"]["engine_parity"], 4)}
                      for r in gate["rows"]],
         "staging": registry["staging"],
         "staging_version": registry["staging_version"],
@@ -112,11 +115,21 @@ def write_report(
     }
     out = REPO_ROOT / "reports"
     out.mkdir(exist_ok=True)
+    # the final attempt's plots next to the report, linked from the markdown by relative path
+    plot_dir = out / ctx.release_id
+    plot_dir.mkdir(exist_ok=True)
+    report["plots"] = {}
+    for name, src in gate.get("plots", {}).items():
+        dst = plot_dir / Path(src).name
+        shutil.copyfile(src, dst)
+        report["plots"][name] = f"{ctx.release_id}/{dst.name}"
     (out / f"{ctx.release_id}.json").write_text(json.dumps(report, indent=1))
     (out / f"{ctx.release_id}.md").write_text(markdown(report))
     c = MlflowClient(tracking_uri())
     c.log_artifact(ctx.mlflow_parent_run_id, str(out / f"{ctx.release_id}.json"), "report")
     c.log_artifact(ctx.mlflow_parent_run_id, str(out / f"{ctx.release_id}.md"), "report")
+    if report["plots"]:
+        c.log_artifacts(ctx.mlflow_parent_run_id, str(plot_dir), f"report/{ctx.release_id}")
     for r in report["variants"]:
         c.log_metric(ctx.mlflow_parent_run_id, f"{r['name']}.top1_agreement", r["top1_agreement"])
     c.set_terminated(ctx.mlflow_parent_run_id, "FINISHED")

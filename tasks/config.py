@@ -93,6 +93,15 @@ class QuantizeConfig(_Strict):
         default_factory=dict,
         description="Per-modifier field overrides applied on top of every recipe (e.g. {'AWQModifier': {'n_grid': 4}}) so small profiles run fast.",
     )
+    max_parallel: int = Field(
+        default=1, ge=1, le=16,
+        description="Variants quantized at once as mapped tasks on one worker; with CUDA each takes GPU (slot mod device count). "
+        "Keep 1 on CPU, where parallel variants only share the same cores.",
+    )
+    fallback_variants: list[VariantConfig] = Field(
+        default_factory=list,
+        description="Less aggressive variants (e.g. mixed W8/W4, W8A16), most aggressive first; recalibration attempt k adds the first k of them.",
+    )
 
 
 class EngineConfig(_Strict):
@@ -110,6 +119,14 @@ class GateConfig(_Strict):
     min_top1_agreement: float = Field(default=0.995, ge=0, le=1, description="Pass: top-1 agreement with the FP reference (all positions).")
     max_mean_kl: float = Field(default=0.02, ge=0, description="Pass: mean KL(FP reference ‖ variant) per token.")
     max_ppl_increase: float = Field(default=0.05, ge=0, description="Pass: relative perplexity increase over the FP reference.")
+    greedy_prompts: int = Field(
+        default=200, ge=0, description="Prompts (halves of evaluation sequences) continued greedily by the reference and every engine; 0 skips the check."
+    )
+    greedy_tokens: int = Field(default=32, ge=1, description="Tokens of each greedy continuation compared for exact match.")
+    min_greedy_exact_match: float | None = Field(
+        default=None, ge=0, le=1,
+        description="Pass: fraction of greedy continuations identical to the reference's (None: reported, not gated).",
+    )
     min_engine_parity: float = Field(
         default=0.98, ge=0, le=1, description="Engine fault if the engine's top-1 agreement with its own fake-quantized HF model is below this."
     )
@@ -152,12 +169,15 @@ class Profile(_Strict):
         refs |= {f"calibration.sources.{k}": v for k, v in self.calibration.sources.items()}
         refs |= {f"gate.eval_sources.{k}": v for k, v in self.gate.eval_sources.items()}
         refs |= {f"quantize.variants[{i}].recipe": v.recipe for i, v in enumerate(self.quantize.variants)}
+        refs |= {f"quantize.fallback_variants[{i}].recipe": v.recipe for i, v in enumerate(self.quantize.fallback_variants)}
         missing = [f"{field}={path}" for field, path in refs.items() if not self.resolve(path).exists()]
         if missing:
             raise ValueError(f"files named by the profile do not exist (paths are relative to {REPO_ROOT}): {missing}")
-        names = [v.name for v in self.quantize.variants]
+        names = [v.name for v in self.quantize.variants + self.quantize.fallback_variants]
         if len(set(names)) != len(names) or "fp32" in names:
-            raise ValueError(f"quantize.variants names must be unique and not 'fp32' (the reference row): {names}")
+            raise ValueError(
+                f"quantize.variants and quantize.fallback_variants names must be unique and not 'fp32' (the reference row): {names}"
+            )
         return self
 
     def resolve(self, rel: str) -> Path:

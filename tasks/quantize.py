@@ -103,30 +103,96 @@ def recipe_scheme(recipe: dict) -> dict:
     return {}
 
 
-def quantize(student_dir: Path, recipe: dict, calibration_ids: list[list[int]], out_dir: Path) -> dict:
+def recipe_schemes(recipe: dict) -> list[dict]:
+    """Every weight scheme a recipe applies, with its targets (a mixed recipe has several)."""
+    out = []
+    for _, fields in _modifiers(recipe):
+        for group in (fields.get("config_groups") or {}).values():
+            w = group.get("weights") or {}
+            out.append({"targets": group.get("targets", ["Linear"]), "bits": w.get("num_bits"),
+                        "strategy": w.get("strategy"), "group_size": w.get("group_size"),
+                        "symmetric": w.get("symmetric"), "actorder": w.get("actorder")})
+        if fields.get("scheme"):
+            out.append({"targets": fields.get("targets", ["Linear"]), "scheme": fields["scheme"]})
+    return out
+
+
+def load_dequantized(model_dir: Path) -> torch.nn.Module:
+    """A compressed-tensors checkpoint as a plain float32 model whose weights are exactly the dequantized values.
+
+    Reloaded as-is, a compressed checkpoint unpacks its integer weights on every forward pass. Loaded
+    with run_compressed=False the weights are decompressed once; they are then moved into a plain model:
+    the same numbers, without per-call quantization wrappers. A dense checkpoint loads unchanged.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils.quantization_config import CompressedTensorsConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
+    if getattr(config, "quantization_config", None) is None:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    q = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, quantization_config=CompressedTensorsConfig(run_compressed=False)
+    )
+    del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    missing, _ = model.load_state_dict(q.state_dict(), strict=False)
+    if missing:
+        raise RuntimeError(f"{model_dir}: decompressed checkpoint lacks {missing[:3]}")
+    model.tie_weights()
+    return model
+
+
+@torch.no_grad()
+def layer_errors(reference: torch.nn.Module, quantized: torch.nn.Module) -> dict[str, float]:
+    """Relative weight error ‖W − Ŵ‖/‖W‖ of every Linear layer whose weights changed (the quantized ones)."""
+    ref = dict(reference.named_modules())
+    out = {}
+    for name, mod in quantized.named_modules():
+        if isinstance(mod, torch.nn.Linear) and name in ref:
+            w, wq = ref[name].weight.float(), mod.weight.float()
+            if w.shape == wq.shape and not torch.equal(w, wq):
+                out[name] = float((w - wq).norm() / w.norm().clamp_min(1e-12))
+    return out
+
+
+def _device_for(slot: int) -> str:
+    """Mapped variants on a multi-GPU node take one GPU each (slot mod device count); CPU otherwise."""
+    if torch.cuda.is_available():
+        return f"cuda:{slot % torch.cuda.device_count()}"
+    return "cpu"
+
+
+def quantize(
+    student_dir: Path, recipe: dict, calibration_ids: list[list[int]], out_dir: Path, slot: int = 0
+) -> dict:
     """Setup → oneshot → save compressed. Returns facts about the produced checkpoint."""
     from datasets import Dataset
     from llmcompressor import oneshot
+    from llmcompressor.core import create_session
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _cpu_pin_memory_workaround()
     tokenizer = AutoTokenizer.from_pretrained(student_dir)  # oneshot needs a processor even for pre-tokenized data
-    model = AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float32).to(_device_for(slot))
     check_group_sizes(model, recipe)
 
     ds = Dataset.from_dict(
         {"input_ids": calibration_ids, "attention_mask": [[1] * len(x) for x in calibration_ids]}
     )
     max_len = max(len(x) for x in calibration_ids)
-    oneshot(
-        model=model,
-        tokenizer=tokenizer,
-        dataset=ds,
-        recipe=yaml.safe_dump(recipe),  # llm-compressor takes a path or a YAML string, not a dict
-        num_calibration_samples=len(calibration_ids),
-        max_seq_length=max_len,
-        shuffle_calibration_samples=False,
-    )
+    # llm-compressor keeps its compression session in a thread-local that falls back to one global
+    # session; a fresh session per call keeps mapped variants running in threads of one worker apart.
+    with create_session():
+        oneshot(
+            model=model,
+            tokenizer=tokenizer,
+            dataset=ds,
+            recipe=yaml.safe_dump(recipe),  # llm-compressor takes a path or a YAML string, not a dict
+            num_calibration_samples=len(calibration_ids),
+            max_seq_length=max_len,
+            shuffle_calibration_samples=False,
+        )
+    model = model.to("cpu")
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, save_compressed=True)
@@ -135,4 +201,5 @@ def quantize(student_dir: Path, recipe: dict, calibration_ids: list[list[int]], 
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
     size = sum(p.stat().st_size for p in out_dir.rglob("*.safetensors"))
-    return {"size_mb": size / 2**20, "scheme": recipe_scheme(recipe)}
+    errors = layer_errors(AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float32), load_dequantized(out_dir))
+    return {"size_mb": size / 2**20, "scheme": recipe_scheme(recipe), "schemes": recipe_schemes(recipe), "layer_error": errors}

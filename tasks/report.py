@@ -1,14 +1,15 @@
 """The release report: one row per variant, as JSON and as a markdown table."""
 from __future__ import annotations
 
-COLUMNS = ("name", "size_mb", "decode_tok_s", "ttft_ms", "top1_agreement", "kl", "ppl", "passed")
+COLUMNS = ("name", "size_mb", "engine_precision", "decode_tok_s", "ttft_ms", "top1_agreement", "top1_last", "kl",
+           "kl_p99", "ppl", "exact32", "passed")
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown table of the report columns."""
+    """Markdown table of the report columns (columns a row lacks show as '-')."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in rows:
-        lines.append("| " + " | ".join(str(r[c]) for c in COLUMNS) + " |")
+        lines.append("| " + " | ".join("-" if r.get(c) is None else str(r[c]) for c in COLUMNS) + " |")
     return "\n".join(lines)
 
 
@@ -26,7 +27,11 @@ def markdown(report: dict) -> str:
         "",
         f"Gate: top-1 agreement ≥ {g['min_top1_agreement']}, mean KL ≤ {g['max_mean_kl']}, perplexity increase ≤ "
         f"{g['max_ppl_increase']:.0%}, engine parity ≥ {g['min_engine_parity']}; measured on the built engines over "
-        f"{report['eval_prompts']} held-out prompts ({report['eval_positions']} positions) against the full-precision student.",
+        f"{report['eval_prompts']} held-out prompts ({report['eval_positions']} positions) against the full-precision student."
+        + (f" Greedy exact match ≥ {g['min_greedy_exact_match']:.0%}." if g.get("min_greedy_exact_match") is not None else "")
+        + f" top1_last: agreement at each prompt's last position; exact32: share of {g.get('greedy_prompts', 0)} prompts whose "
+        f"greedy {g.get('greedy_tokens', 32)}-token continuation equals the reference's; engine_precision 'fp32 (dequantized)': "
+        "the backend has no exact kernel for that scheme, so the engine runs the checkpoint's dequantized weights.",
         "",
         "## Student vs teacher",
         "",
@@ -36,6 +41,9 @@ def markdown(report: dict) -> str:
         f"(before training: {s['student_ppl_before_training']:.1f}); quality {s['student_quality_pct']:.0f}% of the teacher. "
         "A short demo distillation makes a weak student: read the answers with that in mind.",
     ]
+    if report.get("plots"):
+        p = report["plots"]
+        out += ["", "## Plots", ""] + [f"![{name.replace('_', ' ')}]({path})" for name, path in p.items()]
     failed = [r for r in report["variants"] if not r["passed"]]
     if failed:
         out += ["", "## Why variants failed", ""] + [f"- {r['name']}: {'; '.join(r['reasons'])}" for r in failed]

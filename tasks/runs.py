@@ -38,10 +38,15 @@ def _stable(value: Any) -> Any:
     return value
 
 
+# Task parameters that only say where a task runs (e.g. which GPU a mapped variant takes).
+PLACEMENT_PARAMETERS = frozenset({"slot"})
+
+
 def content_key(context, parameters: dict[str, Any]) -> str:
     """Prefect cache key: task name + profile fields + upstream sha256s, so a retry or re-run reuses
     a stage whose inputs did not change, across flow runs, and recomputes it when they did."""
-    return f"{context.task.name}-{sha256_json(_stable(parameters))[:32]}"
+    content = {k: v for k, v in parameters.items() if k not in PLACEMENT_PARAMETERS}
+    return f"{context.task.name}-{sha256_json(_stable(content))[:32]}"
 
 
 def tracking_uri() -> str:

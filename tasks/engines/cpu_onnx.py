@@ -13,9 +13,12 @@ What it does, per interface function (see `tasks/engines/__init__.py`):
     NVFP4/FP8 path), but the packed int4 tensors repack *bit-exactly* into the GPTQ layout the
     builder's GPTQ loader reads (`repack_compressed_tensors`), so the int4 ONNX model runs the
     very integers and scales llm-compressor chose: nothing is re-quantized.
-  - Anything quantized that cannot be represented exactly (not 4-bit int, not group-wise, group
-    size not a MatMulNBits block size, act-order g_idx, quantized activations, a half-quantized
-    decoder) raises ValueError. A quantized checkpoint never silently becomes a dense engine.
+  - Weight-only schemes int4 MatMulNBits cannot hold exactly (8-bit, per-channel, act-order g_idx,
+    a mixed W8/W4 recipe) build, by default (`inexact_weights: dequantize`), as an fp32 engine from
+    the exactly dequantized weights: the gate still measures the checkpoint's own numbers, and
+    engine.json says so under "dequantized" (the report's engine column shows it). With
+    `inexact_weights: error` they raise. Quantized activations, KV cache, sparsity or transforms
+    always raise ValueError: dequantizing would change the model.
 * `score` returns logits for every position. onnxruntime-genai's Generator exposes only the last
   step's logits through `get_logits()`, and the served decoder is built with `prune_lm_head` (the
   prefill computes the 49152-wide lm_head for the last position only, halving TTFT). So `build`
@@ -100,6 +103,14 @@ DEFAULT_PROFILE: dict[str, Any] = {
     # Precision of dense checkpoints (the FP reference row): fp32 only; the CPU EP has no fast
     # fp16/bf16 GEMMs on AVX2 and fp32 matches HF eager within 1e-4.
     "dense_precision": "fp32",
+    # Quantized weights that int4 MatMulNBits cannot hold exactly: 8-bit (W8A16, the W8 half of a
+    # mixed recipe), per-channel scales, act-order groups, several schemes in one checkpoint.
+    # "dequantize" builds an fp32 engine from the exactly dequantized weights: the same numbers as
+    # the checkpoint (parity holds), at dense size and speed; engine.json records it under
+    # "dequantized". Why not int8 MatMulNBits: ORT's CPU EP has no fp32-compute int8 kernel (294 ms
+    # vs 8.7 ms per lm_head call, see lm_head_accuracy_level), and its int8-activation kernel is not
+    # parity-grade. "error" refuses such checkpoints instead.
+    "inexact_weights": "dequantize",
     # Extra builder KEY=VALUE options, passed through last (override the above; recorded in engine.json).
     "extra_options": {},
 }
@@ -140,6 +151,10 @@ class QuantScheme:
         return {"bits": self.bits, "group_size": self.group_size, "symmetric": self.symmetric, "format": self.format}
 
 
+class NotInt4Exact(ValueError):
+    """The checkpoint's weights are quantized in a way int4 MatMulNBits blocks cannot hold exactly."""
+
+
 def _read_config(checkpoint_dir: Path) -> dict[str, Any]:
     path = Path(checkpoint_dir) / "config.json"
     if not path.exists():
@@ -172,41 +187,45 @@ def detect_scheme(checkpoint_dir: Path) -> QuantScheme | None:
     groups = qc.get("config_groups") or {}
     if not groups:
         raise ValueError(f"{where}.config_groups is empty: cannot tell what the weights are")
+    for name, group in groups.items():  # checks that no engine mode can honour come first
+        if group.get("input_activations") or group.get("output_activations"):
+            raise ValueError(
+                f"{where}.config_groups.{name}: activation quantization is set; the cpu engine supports "
+                "weight-only schemes (W4A16, W8A16)"
+            )
+        if (group.get("weights") or {}).get("dynamic"):
+            raise ValueError(f"{where}.config_groups.{name}.weights.dynamic=true: dynamic weight quantization is not supported")
     schemes = set()
     for name, group in groups.items():
         w = group.get("weights") or {}
         g = f"{where}.config_groups.{name}"
         fmt = group.get("format") or qc.get("format")
         if fmt != "pack-quantized":
-            raise ValueError(f"{g}.format={fmt!r}: only 'pack-quantized' int4 weights repack into MatMulNBits")
-        if group.get("input_activations") or group.get("output_activations"):
-            raise ValueError(f"{g}: activation quantization is set; the cpu engine supports weight-only (W4A16)")
+            raise NotInt4Exact(f"{g}.format={fmt!r}: only 'pack-quantized' int4 weights repack into MatMulNBits")
         if w.get("num_bits") != 4 or w.get("type", "int") != "int":
-            raise ValueError(
-                f"{g}.weights: num_bits={w.get('num_bits')} type={w.get('type')!r}; the cpu engine supports "
-                "4-bit int weights only (MatMulNBits int4)"
+            raise NotInt4Exact(
+                f"{g}.weights: num_bits={w.get('num_bits')} type={w.get('type')!r}; MatMulNBits int4 holds "
+                "4-bit int weights only"
             )
         if w.get("strategy") != "group":
-            raise ValueError(
+            raise NotInt4Exact(
                 f"{g}.weights.strategy={w.get('strategy')!r}: only 'group' is supported (per-channel/tensor "
                 "scales are not MatMulNBits blocks)"
             )
         gs = w.get("group_size")
         if gs not in _BLOCK_SIZES:
-            raise ValueError(
+            raise NotInt4Exact(
                 f"{g}.weights.group_size={gs}: MatMulNBits block sizes are {_BLOCK_SIZES}; "
                 "this group size is not representable"
             )
-        if w.get("actorder") not in (None, "static"):
-            raise ValueError(
+        if w.get("actorder") not in (None, "static", "weight"):
+            raise NotInt4Exact(
                 f"{g}.weights.actorder={w.get('actorder')!r}: act-order with a permuted g_idx is not "
-                "representable by MatMulNBits contiguous blocks (use actorder static or none)"
+                "representable by MatMulNBits contiguous blocks (use actorder weight or none)"
             )
-        if w.get("dynamic"):
-            raise ValueError(f"{g}.weights.dynamic=true: dynamic weight quantization is not supported")
         schemes.add(QuantScheme(4, int(gs), bool(w.get("symmetric", True)), "pack-quantized"))
     if len(schemes) != 1:
-        raise ValueError(f"{where}: config groups use different schemes {sorted(map(str, schemes))}; expected one")
+        raise NotInt4Exact(f"{where}: config groups use different schemes {sorted(map(str, schemes))}; expected one")
     return schemes.pop()
 
 
@@ -325,6 +344,14 @@ def repack_compressed_tensors(checkpoint_dir: Path, out_dir: Path, scheme: Quant
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     _copy_tokenizer_files(checkpoint_dir, out_dir)
     return {"linear_layers": n_linear, "tensors": len(out)}
+
+
+def _write_dequantized(checkpoint_dir: Path, out_dir: Path) -> None:
+    """Save the checkpoint's exactly dequantized weights as a dense fp32 checkpoint the builder reads."""
+    from tasks.quantize import load_dequantized
+
+    load_dequantized(checkpoint_dir).save_pretrained(out_dir)
+    _copy_tokenizer_files(checkpoint_dir, out_dir)
 
 
 def dequantize_gptq(
@@ -520,7 +547,15 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
     if unknown:
         raise ValueError(f"unknown cpu engine profile keys {sorted(unknown)}; known: {sorted(DEFAULT_PROFILE)}")
     prof = {**DEFAULT_PROFILE, **(profile or {})}
-    scheme = detect_scheme(checkpoint_dir)  # raises ValueError before any work for unsupported schemes
+    if prof["inexact_weights"] not in ("dequantize", "error"):
+        raise ValueError(f"profile inexact_weights={prof['inexact_weights']!r}: choose 'dequantize' or 'error'")
+    dequantized: str | None = None
+    try:
+        scheme = detect_scheme(checkpoint_dir)  # raises ValueError before any work for unsupported schemes
+    except NotInt4Exact as e:
+        if prof["inexact_weights"] == "error":
+            raise
+        scheme, dequantized = None, str(e)
     tied = bool(_read_config(checkpoint_dir).get("tie_word_embeddings", False))
     precision, opts = _builder_options(scheme, prof, tied)
     checkpoint_sha = sha256_tree(checkpoint_dir)
@@ -532,6 +567,9 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
         if scheme is not None:  # repack first: tensor-level ValueErrors come before out_dir is touched
             src = tmp_path / "gptq"
             repack_stats = repack_compressed_tensors(checkpoint_dir, src, scheme)
+        elif dequantized:
+            src = tmp_path / "dequantized"
+            _write_dequantized(checkpoint_dir, src)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / ENGINE_JSON).unlink(missing_ok=True)  # a failed rebuild must not look like a valid engine
         log = _run_builder(src, out_dir, precision, opts, tmp_path / "cache")
@@ -550,6 +588,8 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
         "builder_options": opts,
         "profile": prof,
         "quantization": scheme.as_dict() if scheme else None,
+        # set when a quantized checkpoint was built as fp32 from its exactly dequantized weights
+        "dequantized": dequantized and {"reason": dequantized, "checkpoint_quantization": _read_config(checkpoint_dir)["quantization_config"]},
         "repack": repack_stats,
         "lm_head_accuracy_level_set_on": lm_head_nodes,
         "score_model": score_model,

@@ -13,7 +13,7 @@ import torch
 from tasks.calibration import allocate
 from tasks.config import GateConfig
 from tasks.engines import get_backend
-from tasks.evaluation.metrics import Accumulator, log_softmax
+from tasks.evaluation.metrics import Accumulator, greedy_exact_match, log_softmax
 from tasks.textdata import load_texts
 
 
@@ -36,30 +36,34 @@ class HFScorer:
     """Teacher-forced logits from a transformers checkpoint: dense, or compressed-tensors as its fake-quantized twin."""
 
     def __init__(self, model_dir: Path):
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from tasks.quantize import load_dequantized
 
-        config = AutoConfig.from_pretrained(model_dir)
-        if getattr(config, "quantization_config", None) is None:
-            self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-            return
-        from transformers.utils.quantization_config import CompressedTensorsConfig
-
-        # Reloaded as-is, a compressed checkpoint unpacks its int4 weights on every forward pass. Load it
-        # decompressed (weights = exactly the dequantized int4 values) and move those weights into a plain
-        # model: the same numbers, without per-call quantization wrappers.
-        q = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=torch.float32, quantization_config=CompressedTensorsConfig(run_compressed=False)
-        )
-        del config.quantization_config
-        self.model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-        missing, _ = self.model.load_state_dict(q.state_dict(), strict=False)
-        if missing:
-            raise RuntimeError(f"{model_dir}: decompressed checkpoint lacks {missing[:3]}")
-        self.model.tie_weights()
+        self.model = load_dequantized(model_dir)
 
     @torch.no_grad()
     def __call__(self, ids: list[int]) -> np.ndarray:
         return self.model(input_ids=torch.tensor([ids])).logits[0].float().numpy()
+
+    @torch.no_grad()
+    def greedy(self, ids: list[int], max_new_tokens: int, stop_token_ids: list[int]) -> list[int]:
+        """Greedy continuation with a KV cache, stopping before a stop token (as the engines do)."""
+        out: list[int] = []
+        past, x = None, torch.tensor([ids])
+        for _ in range(max_new_tokens):
+            o = self.model(input_ids=x, past_key_values=past, use_cache=True)
+            past, token = o.past_key_values, int(o.logits[0, -1].argmax())
+            if token in stop_token_ids:
+                break
+            out.append(token)
+            x = torch.tensor([[token]])
+        return out
+
+
+def greedy_prompts(seqs: list[list[int]], num: int) -> list[list[int]]:
+    """Prompts for the greedy exact-match check: the first half (at most 64 tokens) of evaluation sequences, spread evenly."""
+    step = max(1, len(seqs) // max(num, 1))
+    picked = seqs[::step][:num]
+    return [s[: max(2, min(len(s) // 2, 64))] for s in picked]
 
 
 def measure_speed(backend, session, prompt_ids: list[int], n_tokens: int = 64) -> dict[str, float]:
@@ -83,7 +87,9 @@ def run_gate(
     gate: GateConfig,
     backend_name: str,
     speed_prompt: list[int],
-) -> list[dict]:
+    prompts: list[list[int]] | None = None,
+    stop_token_ids: list[int] | None = None,
+) -> tuple[list[dict], dict]:
     """Score every variant's engine (and its fake-quantized HF model) against the FP reference.
 
     `variants`: dicts with name, engine_dir, checkpoint_dir (the HF-loadable checkpoint the engine was built
@@ -104,10 +110,15 @@ def run_gate(
             fq = ref if fakeq[v["name"]] is reference else log_softmax(fakeq[v["name"]](ids))
             parity[v["name"]].add_logprobs(fq, eng, ids)
 
+    prompts, stop = prompts or [], stop_token_ids or []
+    ref_continuations = [reference.greedy(p, gate.greedy_tokens, stop) for p in prompts]
     rows = []
     for v in variants:
         m = vs_ref[v["name"]].result()
         m["engine_parity"] = parity[v["name"]].result()["top1_agreement"]
+        eng_continuations = [list(backend.generate(sessions[v["name"]], p, gate.greedy_tokens, stop)) for p in prompts]
+        m["greedy_exact_match"] = greedy_exact_match(ref_continuations, eng_continuations) if prompts else None
+        m["greedy_prompts"] = len(prompts)
         m |= measure_speed(backend, sessions[v["name"]], speed_prompt)
         reasons = []
         if m["engine_parity"] < gate.min_engine_parity:
@@ -119,6 +130,10 @@ def run_gate(
             reasons.append(f"top-1 agreement {m['top1_agreement']:.2%} < {gate.min_top1_agreement:.2%}")
         if m["kl"] > gate.max_mean_kl:
             reasons.append(f"mean KL {m['kl']:.4f} > {gate.max_mean_kl}")
+        if gate.min_greedy_exact_match is not None and (m["greedy_exact_match"] or 0.0) < gate.min_greedy_exact_match:
+            reasons.append(
+                f"greedy {gate.greedy_tokens}-token exact match {m['greedy_exact_match']:.1%} < {gate.min_greedy_exact_match:.1%}"
+            )
         if m["ppl_increase"] > gate.max_ppl_increase:
             reasons.append(f"perplexity +{m['ppl_increase']:.1%} > +{gate.max_ppl_increase:.1%}")
         rows.append(
@@ -129,6 +144,9 @@ def run_gate(
                 "ttft_ms": round(m["ttft_ms"], 1),
                 "top1_agreement": round(m["top1_agreement"], 4),
                 "kl": round(m["kl"], 5),
+                "kl_p99": round(m["kl_p99"], 5),
+                "top1_last": round(m["top1_agreement_last"], 4),
+                "exact32": None if m["greedy_exact_match"] is None else round(m["greedy_exact_match"], 4),
                 "ppl": round(m["ppl"], 3),
                 "passed": not reasons,
                 "quantized": v["quantized"],
@@ -136,4 +154,8 @@ def run_gate(
                 "metrics": m,
             }
         )
-    return rows
+    distributions = {
+        "seq_agreement": {n: a.seq_agreement for n, a in vs_ref.items()},
+        "kl": {n: a.kl_values() for n, a in vs_ref.items()},
+    }
+    return rows, distributions

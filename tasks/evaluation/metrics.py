@@ -34,6 +34,7 @@ class Accumulator:
     def __init__(self) -> None:
         self.agree = self.agree_last = self.n_pos = self.n_seq = 0
         self.kls: list[np.ndarray] = []
+        self.seq_agreement: list[float] = []  # per-sequence top-1 agreement, for the histogram
         self.nll_ref = self.nll_cand = 0.0
 
     def add(self, ref: np.ndarray, cand: np.ndarray, input_ids: list[int]) -> None:
@@ -45,13 +46,19 @@ class Accumulator:
         ref, cand = ref[:-1], cand[:-1]
         targets = np.asarray(input_ids[1:])
         rows = np.arange(len(targets))
-        self.agree += int((ref.argmax(-1) == cand.argmax(-1)).sum())
+        same = ref.argmax(-1) == cand.argmax(-1)
+        self.agree += int(same.sum())
+        self.seq_agreement.append(float(same.mean()))
         self.agree_last += int(ref[-1].argmax() == cand[-1].argmax())
         self.n_pos += len(targets)
         self.n_seq += 1
         self.kls.append((np.exp(ref) * (ref - cand)).sum(-1))
         self.nll_ref -= float(ref[rows, targets].sum())
         self.nll_cand -= float(cand[rows, targets].sum())
+
+    def kl_values(self) -> np.ndarray:
+        """Every position's KL, for the distribution plot."""
+        return np.concatenate(self.kls) if self.kls else np.zeros(0)
 
     def result(self) -> dict[str, float]:
         kl = np.concatenate(self.kls) if self.kls else np.zeros(1)
@@ -68,3 +75,10 @@ class Accumulator:
             "positions": self.n_pos,
             "sequences": self.n_seq,
         }
+
+
+def greedy_exact_match(reference: list[list[int]], candidate: list[list[int]]) -> float:
+    """Fraction of prompts whose greedy continuation is token-for-token identical."""
+    if len(reference) != len(candidate):
+        raise ValueError(f"{len(reference)} reference continuations vs {len(candidate)} candidate ones")
+    return sum(r == c for r, c in zip(reference, candidate)) / max(len(reference), 1)

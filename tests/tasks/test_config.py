@@ -51,3 +51,27 @@ def test_recalibration_attempts_double_samples_and_change_seed():
     assert cfg.for_attempt(0) is cfg
     assert (cfg.for_attempt(2).total, cfg.for_attempt(2).seed) == (cfg.total * 4, cfg.seed + 2)
     assert cfg.for_attempt(1).ratios == cfg.ratios
+
+
+def test_fallback_variant_names_and_recipes_are_checked(tmp_path):
+    def clash(d):
+        d["quantize"]["fallback_variants"][0]["name"] = d["quantize"]["variants"][0]["name"]
+
+    with pytest.raises(ValidationError, match="names must be unique"):
+        load_profile(_profile(tmp_path, clash))
+
+    def missing(d):
+        d["quantize"]["fallback_variants"][1]["recipe"] = "deployments/recipes/w3.yaml"
+
+    with pytest.raises(ValidationError, match=r"quantize.fallback_variants\[1\].recipe=deployments/recipes/w3.yaml"):
+        load_profile(_profile(tmp_path, missing))
+
+
+def test_placement_does_not_change_a_stage_cache_key():
+    from types import SimpleNamespace
+
+    from tasks.runs import content_key
+
+    ctx = SimpleNamespace(task=SimpleNamespace(name="quantize_variant"))
+    assert content_key(ctx, {"recipe": {"a": 1}, "slot": 0}) == content_key(ctx, {"recipe": {"a": 1}, "slot": 3})
+    assert content_key(ctx, {"recipe": {"a": 1}, "slot": 0}) != content_key(ctx, {"recipe": {"a": 2}, "slot": 0})

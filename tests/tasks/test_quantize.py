@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tasks.config import REPO_ROOT
-from tasks.quantize import check_group_sizes, load_recipe, quantize, recipe_scheme
+from tasks.quantize import check_group_sizes, layer_errors, load_dequantized, load_recipe, quantize, recipe_scheme, recipe_schemes
 
 RECIPES = REPO_ROOT / "deployments" / "recipes"
 
@@ -16,6 +16,36 @@ def test_shipped_recipes_parse_and_name_their_scheme():
     gptq = recipe_scheme(load_recipe(RECIPES / "gptq-w4a16-sym.yaml"))
     assert awq == {"bits": 4, "group_size": 64, "symmetric": False, "actorder": None}
     assert gptq == {"bits": 4, "group_size": 64, "symmetric": True, "actorder": None}
+
+
+def test_every_shipped_recipe_is_accepted_by_llm_compressor():
+    """Recipes are passed through unchanged, so each must validate against llm-compressor's own modifiers."""
+    from llmcompressor.recipe import Recipe
+
+    names = sorted(p.name for p in RECIPES.glob("*.yaml"))
+    assert {"awq-w4a16-asym.yaml", "gptq-w4a16-sym.yaml", "gptq-w4a16-sym-actorder.yaml", "gptq-w8a16-sym.yaml",
+            "mixed-w8attn-w4mlp.yaml", "rtn-w4a16-asym.yaml"} <= set(names)
+    for name in names:
+        recipe = load_recipe(RECIPES / name)
+        assert Recipe.from_dict(recipe).modifiers, name
+        for mod in recipe["quant_stage"]["quant_modifiers"].values():
+            assert "lm_head" in mod.get("ignore", ["lm_head"]) or "config_groups" not in mod, f"{name} quantizes lm_head"
+    mixed = {tuple(s["targets"]): s["bits"] for s in recipe_schemes(load_recipe(RECIPES / "mixed-w8attn-w4mlp.yaml"))}
+    assert mixed == {("re:.*self_attn\\.(q|k|v|o)_proj$",): 8, ("re:.*mlp\\.(gate|up|down)_proj$",): 4}
+    assert recipe_scheme(load_recipe(RECIPES / "gptq-w4a16-sym-actorder.yaml"))["actorder"] == "weight"
+
+
+def test_mixed_recipe_keeps_attention_at_8_bits_and_mlp_at_4(tiny_llama, tmp_path):
+    ids = [[(7 * i + j) % 500 + 1 for j in range(32)] for i in range(4)]
+    info = quantize(tiny_llama, load_recipe(RECIPES / "mixed-w8attn-w4mlp.yaml"), ids, tmp_path / "mixed")
+    err = info["layer_error"]
+    attn = [v for k, v in err.items() if "self_attn" in k]
+    mlp = [v for k, v in err.items() if ".mlp." in k]
+    assert len(attn) == 8 and len(mlp) == 6, sorted(err)  # 2 layers x (q, k, v, o) and x (gate, up, down)
+    assert max(attn) < min(mlp) / 4, (attn, mlp)  # 8-bit error is ~16x smaller than 4-bit
+    # layer_errors agrees with an independent reload of the saved checkpoint
+    again = layer_errors(AutoModelForCausalLM.from_pretrained(tiny_llama), load_dequantized(tmp_path / "mixed"))
+    assert again == pytest.approx(err)
 
 
 def test_overrides_patch_only_the_named_modifier():

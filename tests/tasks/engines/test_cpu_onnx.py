@@ -348,12 +348,46 @@ def _edit_group(ckpt: Path, dst: Path, **weights) -> Path:
         ({"strategy": "channel"}, "strategy='channel'"),
     ],
 )
-def test_unsupported_scheme_raises_before_building(edit, message, checkpoints, tmp_path: Path) -> None:
+def test_inexact_scheme_raises_before_building_when_asked_to(edit, message, checkpoints, tmp_path: Path) -> None:
     bad = _edit_group(checkpoints["asym"], tmp_path / "bad", **edit)
     out = tmp_path / "engine"
-    with pytest.raises(ValueError, match=message):
-        cpu_onnx.build(bad, out, {})
+    with pytest.raises(cpu_onnx.NotInt4Exact, match=message):
+        cpu_onnx.build(bad, out, {"inexact_weights": "error"})
     assert not out.exists(), "build must fail before writing anything"
+
+
+def test_activation_quantization_is_refused_even_when_dequantizing(checkpoints, tmp_path: Path) -> None:
+    bad = tmp_path / "w4a8"
+    shutil.copytree(checkpoints["asym"], bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["quantization_config"]["config_groups"]["group_0"]["input_activations"] = {"num_bits": 8, "type": "int"}
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="activation quantization"):
+        cpu_onnx.build(bad, tmp_path / "engine", {})
+
+
+@pytest.mark.parametrize("recipe", ["gptq-w8a16-sym", "mixed-w8attn-w4mlp"])
+def test_w8_and_mixed_checkpoints_build_dequantized_and_match_their_fake_quant_model(recipe, checkpoints, tmp_path) -> None:
+    """Shipped W8A16 / mixed recipes: fp32 engine from the dequantized weights, same logits as the HF model."""
+    from tasks.config import REPO_ROOT
+    from tasks.quantize import load_recipe, quantize
+
+    ids = _chat_ids(checkpoints["dense"])
+    ckpt = tmp_path / "ckpt"
+    quantize(checkpoints["dense"], load_recipe(REPO_ROOT / "deployments" / "recipes" / f"{recipe}.yaml"), ids, ckpt)
+    meta = cpu_onnx.build(ckpt, tmp_path / "engine", {})
+    assert meta["precision"] == "fp32" and "num_bits=8" in meta["dequantized"]["reason"]
+    assert meta["dequantized"]["checkpoint_quantization"]["quant_method"] == "compressed-tensors"
+    session = cpu_onnx.load(tmp_path / "engine")
+    hf = _hf_model(ckpt)
+    for x in ids:
+        with torch.no_grad():
+            want = hf(input_ids=torch.tensor([x])).logits[0].numpy()
+        got = cpu_onnx.score(session, x)
+        assert np.abs(got - want).max() < 1e-3
+    dense = _hf_model(checkpoints["dense"])
+    with torch.no_grad():
+        assert not torch.equal(dense.model.layers[0].self_attn.q_proj.weight, hf.model.layers[0].self_attn.q_proj.weight)
 
 
 def test_act_order_g_idx_tensor_raises(checkpoints, tmp_path: Path) -> None:

@@ -2,7 +2,9 @@ import math
 
 import numpy as np
 
-from tasks.evaluation.metrics import Accumulator, kl_per_position, log_softmax, nll, top1_agreement
+import pytest
+
+from tasks.evaluation.metrics import Accumulator, greedy_exact_match, kl_per_position, log_softmax, nll, top1_agreement
 
 
 def test_top1_agreement_on_known_tensors():
@@ -34,3 +36,24 @@ def test_accumulator_perplexity_and_last_position():
     assert math.isclose(r["ppl"], vocab, rel_tol=1e-9)  # uniform over 4 tokens -> perplexity 4
     assert r["top1_agreement"] == 1.0 and r["top1_agreement_last"] == 1.0
     assert r["positions"] == 2 and math.isclose(nll(uniform[:2], np.array([1, 2])), 2 * math.log(4))
+
+
+def test_greedy_exact_match_counts_only_identical_continuations():
+    ref = [[1, 2, 3], [4, 5], [6]]
+    assert greedy_exact_match(ref, [[1, 2, 3], [4, 5], [6]]) == 1.0
+    assert greedy_exact_match(ref, [[1, 2, 3], [4, 5, 9], [7]]) == pytest.approx(1 / 3)  # longer or different: no match
+    with pytest.raises(ValueError, match="3 reference continuations vs 2"):
+        greedy_exact_match(ref, [[1], [2]])
+
+
+def test_accumulator_keeps_per_sequence_agreement_and_every_kl():
+    vocab = 3
+    a = Accumulator()
+    same = np.log(np.full((4, vocab), 1 / vocab))
+    a.add(same, same, [0, 1, 2, 0])  # 3 positions, all agree
+    ref = np.array([[5.0, 0, 0], [5.0, 0, 0], [5.0, 0, 0]])
+    cand = np.array([[0, 5.0, 0], [5.0, 0, 0], [0, 5.0, 0]])
+    a.add(ref, cand, [0, 1, 2])  # 2 positions: first disagrees, second agrees
+    assert a.seq_agreement == [1.0, 0.5]
+    kl = a.kl_values()
+    assert kl.shape == (5,) and np.allclose(kl[:3], 0) and kl[3] > 4 and abs(kl[4]) < 1e-12

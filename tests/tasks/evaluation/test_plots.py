@@ -1,0 +1,34 @@
+import numpy as np
+
+from tasks.evaluation import plots
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _image(path):
+    import matplotlib.image
+
+    return matplotlib.image.imread(path)
+
+
+def test_plots_are_png_files_with_content(tmp_path):
+    errors = {
+        "awq": {f"model.layers.{i}.self_attn.q_proj": 0.05 + i / 100 for i in range(3)},
+        "gptq": {f"model.layers.{i}.mlp.down_proj": 0.08 for i in range(3)},
+    }
+    rng = np.random.default_rng(0)
+    made = [
+        plots.layer_error_plot(errors, tmp_path / "layer.png"),
+        plots.agreement_histogram({"awq": list(rng.uniform(0.6, 1, 50)), "gptq": [1.0] * 50}, 0.9, tmp_path / "agree.png"),
+        plots.kl_distribution({"awq": rng.exponential(0.01, 500), "gptq": np.zeros(500)}, 0.02, tmp_path / "kl.png"),
+    ]
+    for path in made:
+        assert path.read_bytes()[:8] == PNG
+        img = _image(path)
+        # something was drawn: more than a blank canvas (several distinct colours)
+        assert len(np.unique(img.reshape(-1, img.shape[-1]), axis=0)) > 10
+
+
+def test_short_layer_names():
+    assert plots._short("model.layers.12.self_attn.q_proj") == "12.q"
+    assert plots._short("model.layers.3.mlp.down_proj") == "3.down"
