@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from prefect import flow, task, unmapped
 
-from tasks.artifacts import ArtifactRef, sha256_file, sha256_json, sha256_tree
+from tasks.artifacts import ArtifactRef, sha256_json, sha256_tree
 from tasks.config import VariantConfig, load_profile
 from tasks.runs import ReleaseContext, content_key, stage_run
 

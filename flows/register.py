@@ -11,7 +11,7 @@ from pathlib import Path
 
 from prefect import flow, task
 
-from tasks.artifacts import ArtifactRef, sha256_tree, write_manifest
+from tasks.artifacts import ArtifactRef, write_manifest
 from tasks.config import load_profile
 from tasks.runs import ReleaseContext, stage_run
 

@@ -92,7 +92,7 @@ def write_report(
         "release_id": ctx.release_id,
         "profile": ctx.profile,
         "variants": [{k: r[k] for k in ("name", "size_mb", "engine_precision", "decode_tok_s", "ttft_ms", "top1_agreement",
-                                        "top1_last", "kl", "kl_p99", "ppl", "exact32", "passed", "quantized", "reasons")}
+                                        "top1_last", "kl", "kl_p99", "ppl", "greedy_exact", "passed", "quantized", "reasons")}
                      | {"engine_parity": round(r["metrics"]["engine_parity"], 4)}
                      for r in gate["rows"]],
         "staging": registry["staging"],

@@ -53,6 +53,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Annotated, Any, Literal
 
+import psutil
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
@@ -337,6 +338,15 @@ class Metrics:
         self.requests = Counter(
             "edgeflow_requests", "Finished generation requests by endpoint and status.", ["endpoint", "status"], registry=r
         )
+        self.received = Counter(
+            "edgeflow_requests_received", "Generation requests received (before validation and admission).", ["endpoint"], registry=r
+        )
+        self.device_memory = Gauge(
+            "edgeflow_device_memory_used_bytes",
+            "Memory the engine holds: the backend's device_memory_used hook (GPU), else this process's RSS "
+            "(on Jetson, GPU and CPU share the same DRAM).",
+            registry=r,
+        )
         self.in_flight = Gauge("edgeflow_requests_in_flight", "Generations holding a slot (running).", registry=r)
         self.queue_depth = Gauge("edgeflow_queue_depth", "Requests waiting for a slot.", registry=r)
         self.engine = Info("edgeflow_engine", "The engine being served.", registry=r)
@@ -463,6 +473,14 @@ class Runtime:
             ) from None
         except Exception as e:  # noqa: BLE001
             raise EngineFailed(f"health probe failed: {type(e).__name__}: {e}") from None
+
+    def device_memory_used(self) -> float:
+        """Bytes the engine holds: a backend hook where the device has its own memory, else process RSS."""
+        hook = getattr(self.backend, "device_memory_used", None)
+        if hook is not None and self.session is not None:
+            with contextlib.suppress(Exception):
+                return float(hook(self.session))
+        return float(psutil.Process().memory_info().rss)
 
     def device_utilization(self) -> float | None:
         # Optional backend hook (GPU backends may report utilisation); absent means "not applicable".
@@ -678,6 +696,7 @@ class AppState:
         self.generations: set[Generation] = set()
         self.metrics.in_flight.set_function(lambda: self.admission.active)
         self.metrics.queue_depth.set_function(lambda: self.admission.waiting)
+        self.metrics.device_memory.set_function(runtime.device_memory_used)
         self.metrics.engine.info(
             {"backend": runtime.meta["backend"], "engine_version": runtime.engine_version, "model": settings.model_name or ""}
         )
@@ -740,6 +759,7 @@ async def _handle(request: Request, state: AppState, endpoint: str) -> Response:
     s = state.settings
     rt = state.runtime
     rec = RequestRecord(state, endpoint, "chatcmpl" if chat else "cmpl")
+    state.metrics.received.labels(endpoint=endpoint).inc()
     try:
         body = await _read_json(request, s.max_body_bytes)
         if isinstance(body, dict):  # so rejected requests are logged with what they asked for

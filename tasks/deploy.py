@@ -11,26 +11,39 @@ from pathlib import Path
 
 import httpx
 
-from tasks.artifacts import verify_manifest
+from tasks.artifacts import ChecksumError, verify_manifest
 from tasks.config import REPO_ROOT, Profile
 from tasks.engines import EngineIncompatibleError, get_backend
 
 
 def fetch_version(profile: Profile, alias: str) -> tuple[str, Path]:
-    """Download models:/<name>@<alias> into a new versioned directory and verify every sha256."""
+    """Download models:/<name>@<alias> into its own versioned directory and verify every sha256.
+
+    The directory is named by version *and* package hash: a device that was once served by another
+    registry (or a re-created one whose numbering restarted) never mistakes an old `v2` for the new one.
+    A present but corrupted copy is moved aside (kept for inspection) and downloaded again.
+    """
+    import shutil
+
     from tasks.registry import client, download
 
     name = profile.registry.model_name
     mv = client().get_model_version_by_alias(name, alias)
-    dest = profile.resolve(profile.deploy.install_dir) / "versions" / f"v{mv.version}"
-    if not (dest / "edgeflow-manifest.json").exists():
-        tmp = dest.with_name(dest.name + ".download")
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-        _, local = download(name, alias, tmp)
-        local.rename(dest) if local != tmp else tmp.rename(dest)
-    verify_manifest(dest, mv.tags.get("edgeflow.package_sha256"))
+    expected = mv.tags.get("edgeflow.package_sha256")
+    dest = profile.resolve(profile.deploy.install_dir) / "versions" / f"v{mv.version}-{(expected or 'unhashed')[:12]}"
+    if (dest / "edgeflow-manifest.json").exists():
+        try:
+            verify_manifest(dest, expected)
+            return mv.version, dest
+        except ChecksumError as e:
+            aside = dest.with_name(f"{dest.name}.corrupt-{int(time.time())}")
+            print(f"{dest} failed verification ({e}); moved to {aside.name}, downloading again")
+            dest.rename(aside)
+    tmp = dest.with_name(dest.name + ".download")
+    shutil.rmtree(tmp, ignore_errors=True)
+    _, local = download(name, alias, tmp)
+    local.rename(dest) if local != tmp else tmp.rename(dest)
+    verify_manifest(dest, expected)
     return mv.version, dest
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 COLUMNS = ("name", "size_mb", "engine_precision", "decode_tok_s", "ttft_ms", "top1_agreement", "top1_last", "kl",
-           "kl_p99", "ppl", "exact32", "passed")
+           "kl_p99", "ppl", "greedy_exact", "passed")
 
 
 def table(rows: list[dict]) -> str:
@@ -29,7 +29,7 @@ def markdown(report: dict) -> str:
         f"{g['max_ppl_increase']:.0%}, engine parity ≥ {g['min_engine_parity']}; measured on the built engines over "
         f"{report['eval_prompts']} held-out prompts ({report['eval_positions']} positions) against the full-precision student."
         + (f" Greedy exact match ≥ {g['min_greedy_exact_match']:.0%}." if g.get("min_greedy_exact_match") is not None else "")
-        + f" top1_last: agreement at each prompt's last position; exact32: share of {g.get('greedy_prompts', 0)} prompts whose "
+        + f" top1_last: agreement at each prompt's last position; greedy_exact: share of {g.get('greedy_prompts', 0)} prompts whose "
         f"greedy {g.get('greedy_tokens', 32)}-token continuation equals the reference's; engine_precision 'fp32 (dequantized)': "
         "the backend has no exact kernel for that scheme, so the engine runs the checkpoint's dequantized weights.",
         "",

@@ -47,3 +47,28 @@ def tiny_llama(tmp_path_factory, teacher_dir) -> Path:
     LlamaForCausalLM(cfg).save_pretrained(out)
     AutoTokenizer.from_pretrained(teacher_dir).save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def engine_dir(tmp_path_factory, teacher_dir) -> Path:
+    """A 2-layer cut of the teacher compiled by the CPU backend: the edge server's engine in tests."""
+    teacher = teacher_dir
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tasks.distill import every_kth, keep_layers
+    from tasks.engines import get_backend
+
+    root = tmp_path_factory.mktemp("serving")
+    ckpt, eng = root / "tiny-ckpt", root / "engine"
+    teacher_model = AutoModelForCausalLM.from_pretrained(teacher, dtype=torch.float32)
+    n = teacher_model.config.num_hidden_layers
+    student = keep_layers(teacher_model, every_kth(n, max(1, n - 1)))  # first and last layer
+    student.save_pretrained(ckpt)
+    AutoTokenizer.from_pretrained(teacher).save_pretrained(ckpt)
+    for name in ("chat_template.jinja", "generation_config.json"):  # keep the teacher's own files
+        if Path(teacher, name).exists():
+            (ckpt / name).write_bytes(Path(teacher, name).read_bytes())
+    del teacher_model, student
+    get_backend("cpu").build(ckpt, eng, {})
+    return eng

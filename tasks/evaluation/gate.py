@@ -146,7 +146,7 @@ def run_gate(
                 "kl": round(m["kl"], 5),
                 "kl_p99": round(m["kl_p99"], 5),
                 "top1_last": round(m["top1_agreement_last"], 4),
-                "exact32": None if m["greedy_exact_match"] is None else round(m["greedy_exact_match"], 4),
+                "greedy_exact": None if m["greedy_exact_match"] is None else round(m["greedy_exact_match"], 4),
                 "ppl": round(m["ppl"], 3),
                 "passed": not reasons,
                 "quantized": v["quantized"],

@@ -66,6 +66,13 @@ def test_release_deployment_registers_stages_and_serves(services):
         assert row["engine_parity"] >= profile.gate.min_engine_parity, row
     fp32 = report["variants"][0]
     assert fp32["top1_agreement"] > 0.99 and fp32["kl"] < 1e-3  # the dense engine reproduces the HF student
+    assert fp32["greedy_exact"] >= 0.8 and all(0 <= r["greedy_exact"] <= 1 for r in report["variants"])  # greedy continuations
+    assert [r["engine_precision"] for r in report["variants"]] == ["fp32", "int4", "int4"]
+    # plots: three PNGs next to the report, linked from the markdown
+    md = (REPO / "reports" / f"{report['release_id']}.md").read_text()
+    assert set(report["plots"]) == {"layer_error", "agreement_histogram", "kl_distribution"}
+    for rel in report["plots"].values():
+        assert (REPO / "reports" / rel).read_bytes()[:4] == b"\x89PNG" and f"]({rel})" in md
     saved = json.loads((REPO / "reports" / f"{report['release_id']}.json").read_text())
     assert saved["release_id"] == report["release_id"] and saved["staging"] == report["staging"]
     assert (REPO / "reports" / f"{report['release_id']}.md").exists()
@@ -126,3 +133,31 @@ def test_gate_nobody_can_pass_keeps_aliases_recalibrates_and_reports(services, t
     parent = c.get_run(report["mlflow_parent_run_id"])
     stages = {r.data.tags["edgeflow.stage"] for r in c.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")}
     assert {"calibrate-attempt1", "quantize-awq-w4a16-attempt1", "consistency-attempt1"} <= stages
+    # attempt 1 also tried the first, less aggressive fallback variant (built dequantized on the CPU engine)
+    assert "quantize-mixed-w8attn-w4mlp-attempt1" in stages and "quantize-mixed-w8attn-w4mlp" not in stages
+    rows = {r["name"]: r for r in report["variants"]}
+    assert rows["mixed-w8attn-w4mlp"]["engine_precision"] == "fp32 (dequantized)" and not rows["mixed-w8attn-w4mlp"]["passed"]
+
+
+def test_calibration_overlapping_the_eval_set_fails_before_quantization(services, tmp_path):
+    """Point the gate's chat eval set at the chat calibration source: the calibrate stage fails naming examples."""
+    import yaml
+    from mlflow import MlflowClient
+    from prefect.deployments import run_deployment
+
+    data = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
+    data.setdefault("gate", {})["eval_sources"] = {"chat": "data/corpora/chat.jsonl", "math": "data/eval/math.jsonl"}
+    path = tmp_path / "leaky.yaml"
+    path.write_text(yaml.safe_dump(data))
+
+    fr = run_deployment("release/release", parameters={"profile": str(path), "deploy": "none"}, timeout=1800)
+    assert fr.state.is_failed()
+    c = MlflowClient(services["MLFLOW_TRACKING_URI"])
+    exp = c.get_experiment_by_name("edgeflow-release")
+    parent = c.search_runs([exp.experiment_id], f"tags.`edgeflow.prefect_flow_run_id` = '{fr.id}'")[0]
+    children = c.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    stages = {r.data.tags["edgeflow.stage"]: r for r in children}
+    assert stages["calibrate"].info.status == "FAILED"
+    assert not any(s.startswith("quantize") for s in stages), "quantization must not start on a leaky calibration set"
+    # the failure names the overlapping examples (the exception travels up as the release's state message)
+    assert "overlap the calibration set" in fr.state.message and "eval[" in fr.state.message, fr.state.message

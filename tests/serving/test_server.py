@@ -8,89 +8,20 @@ so long generations are easy to hold open for the concurrency and disconnect tes
 from __future__ import annotations
 
 import json
-import os
-import socket
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-TEACHER_ENV = "EDGEFLOW_TEST_TEACHER"
+from tests.live_server import LiveServer
+
 MODEL = "tiny-edge"
 
 
 # ---------------------------------------------------------------------------------------------
-# Fixtures: engine, live servers
+# Fixtures: live servers (the tiny engine is `engine_dir` in tests/conftest.py)
 # ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def engine_dir(tmp_path_factory) -> Path:
-    teacher = os.environ.get(TEACHER_ENV)
-    if not teacher:
-        pytest.skip(f"{TEACHER_ENV} is not set: the server tests compile a tiny engine from the teacher checkpoint")
-    if not Path(teacher, "config.json").exists():
-        pytest.skip(f"{TEACHER_ENV}={teacher} has no config.json")
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from tasks.distill import every_kth, keep_layers
-    from tasks.engines import get_backend
-
-    root = tmp_path_factory.mktemp("serving")
-    ckpt, eng = root / "tiny-ckpt", root / "engine"
-    teacher_model = AutoModelForCausalLM.from_pretrained(teacher, dtype=torch.float32)
-    n = teacher_model.config.num_hidden_layers
-    student = keep_layers(teacher_model, every_kth(n, max(1, n - 1)))  # first and last layer
-    student.save_pretrained(ckpt)
-    AutoTokenizer.from_pretrained(teacher).save_pretrained(ckpt)
-    for name in ("chat_template.jinja", "generation_config.json"):  # keep the teacher's own files
-        if Path(teacher, name).exists():
-            (ckpt / name).write_bytes(Path(teacher, name).read_bytes())
-    del teacher_model, student
-    get_backend("cpu").build(ckpt, eng, {})
-    return eng
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LiveServer:
-    """uvicorn serving create_app(...) in a daemon thread, like `python -m serving.server` does."""
-
-    def __init__(self, engine_dir: Path, **settings) -> None:
-        import uvicorn
-
-        from serving.server import ServerSettings, create_app
-
-        self.settings = ServerSettings(**settings)
-        self.app = create_app(engine_dir, self.settings)
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> LiveServer:
-        self.thread.start()
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"server on {self.url} did not become ready")
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=15)
 
 
 @pytest.fixture(scope="module")

@@ -85,6 +85,13 @@ def test_access_log_directory_is_a_source_and_arrives_scrubbed(tmp_path, teacher
     stats = build_calibration_set(sources, {"traffic": 1, "wiki": 1}, 64, 128, 0, tok, tmp_path / "c.parquet")
     assert stats["counts"] == {"traffic": 32, "wiki": 32}
     ingest = stats["access_log_ingest"]["traffic"]
-    assert (ingest["malformed"], ingest["exact_duplicates"], ingest["records_with_pii"], ingest["kept"]) == (5, 6, 10, 100)
+    assert (ingest["malformed"], ingest["exact_duplicates"], ingest["near_duplicates"]) == (5, 6, 4)
+    assert (ingest["dropped_too_long"], ingest["records_with_pii"], ingest["kept"]) == (2, 10, 100)  # two ~6,400-word messages
     texts = pq.read_table(tmp_path / "c.parquet").column("text").to_pylist()
-    assert not any("@example.com" in t or "4111 1111" in t for t in texts)
+    from tasks.access_logs import scrub
+    from tests.tasks.test_access_logs import PLANTED  # the independent list of planted PII fragments
+
+    for t in texts:
+        assert scrub(t)[1] == {}, t  # the scrubber's own patterns find nothing left
+        assert not any(f in t for f in PLANTED), t
+    assert stats["token_length"]["max"] <= 128

@@ -1,0 +1,144 @@
+"""Quantization methods and calibration data, side by side, on SmolLM2-135M-Instruct (the demo's teacher).
+
+    python benchmarks/quant_methods.py --calib-total 64 --eval-per-domain 60 --out benchmarks/quant_methods_results.md
+
+Two questions, one run, every variant scored against the same full-precision model on the same
+held-out evaluation sequences (data/eval: chat, wiki, math; disjoint from the calibration sources):
+  1. Method order (AWQ paper: AWQ <= GPTQ <= RTN in perplexity loss): AWQ, GPTQ and RTN W4A16 g64,
+     all calibrated on one domain-mixed set (chat:wiki:math = 5:3:2); plus the W8A16 and mixed
+     W8-attention/W4-MLP recipes for scale.
+  2. Calibration data: GPTQ and AWQ calibrated on the domain mix vs on the same number of samples
+     from a single generic source (wiki only), scored per domain.
+Models are scored as their exactly dequantized weights (tasks.quantize.load_dequantized): the same
+numbers the CPU engine runs (engine parity is tested in tests/tasks/engines). Writes a markdown
+table to --out and the raw numbers to the same path with .json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pyarrow.parquet as pq  # noqa: E402
+import torch  # noqa: E402
+
+from tasks.calibration import build_calibration_set, check_no_leakage  # noqa: E402
+from tasks.config import REPO_ROOT, load_profile  # noqa: E402
+from tasks.evaluation.gate import HFScorer, tokenize  # noqa: E402
+from tasks.evaluation.metrics import Accumulator, log_softmax  # noqa: E402
+from tasks.model_source import ensure_teacher  # noqa: E402
+from tasks.quantize import load_recipe, quantize  # noqa: E402
+from tasks.textdata import load_texts  # noqa: E402
+
+RECIPES = REPO_ROOT / "deployments" / "recipes"
+# (row name, recipe file, calibration set)
+RUNS = [
+    ("rtn-w4a16 (no calibration)", "rtn-w4a16-asym.yaml", "mixed"),
+    ("gptq-w4a16 · mixed calib", "gptq-w4a16-sym.yaml", "mixed"),
+    ("awq-w4a16 · mixed calib", "awq-w4a16-asym.yaml", "mixed"),
+    ("gptq-w4a16 · wiki-only calib", "gptq-w4a16-sym.yaml", "wiki"),
+    ("awq-w4a16 · wiki-only calib", "awq-w4a16-asym.yaml", "wiki"),
+    ("mixed-w8attn-w4mlp · mixed calib", "mixed-w8attn-w4mlp.yaml", "mixed"),
+    ("gptq-w8a16 · mixed calib", "gptq-w8a16-sym.yaml", "mixed"),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calib-total", type=int, default=64, help="calibration samples per set")
+    ap.add_argument("--calib-tokens", type=int, default=256, help="tokens per calibration sample")
+    ap.add_argument("--eval-per-domain", type=int, default=60, help="held-out sequences per domain")
+    ap.add_argument("--eval-tokens", type=int, default=128)
+    ap.add_argument("--awq-grid", type=int, default=10, help="AWQ n_grid (recipe default 20)")
+    ap.add_argument("--only", nargs="*", help="row names to run (default all)")
+    ap.add_argument("--work", default=".edgeflow/bench-quant")
+    ap.add_argument("--out", default="benchmarks/quant_methods_results.md")
+    a = ap.parse_args()
+
+    profile = load_profile(REPO_ROOT / "configs" / "demo-cpu.yaml")
+    teacher = ensure_teacher(profile).path
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(teacher)
+    work = REPO_ROOT / a.work
+    cal = profile.calibration
+    sources = {d: profile.resolve(p) for d, p in cal.sources.items()}
+    sets = {
+        "mixed": build_calibration_set(sources, cal.ratios, a.calib_total, a.calib_tokens, 0, tok, work / "calib-mixed.parquet"),
+        "wiki": build_calibration_set({"wiki": sources["wiki"]}, {"wiki": 1}, a.calib_total, a.calib_tokens, 0, tok,
+                                      work / "calib-wiki.parquet"),
+    }
+    calib_ids = {k: pq.read_table(work / f"calib-{k}.parquet", columns=["input_ids"]).column("input_ids").to_pylist() for k in sets}
+
+    evals: dict[str, list[list[int]]] = {}
+    for domain, path in sorted(profile.gate.eval_sources.items()):
+        texts = load_texts([profile.resolve(path)], tok)[: a.eval_per_domain]
+        for k in sets:
+            check_no_leakage(pq.read_table(work / f"calib-{k}.parquet", columns=["text"]).column("text").to_pylist(), texts)
+        evals[domain] = tokenize(texts, tok, a.eval_tokens)
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    reference = HFScorer(teacher)
+    ref_lp = {d: [log_softmax(reference(ids)) for ids in seqs] for d, seqs in evals.items()}
+
+    rows = []
+    for name, recipe_file, calib in RUNS:
+        if a.only and name not in a.only:
+            continue
+        recipe = load_recipe(RECIPES / recipe_file, {"AWQModifier": {"n_grid": a.awq_grid}})
+        out = work / f"{recipe_file[:-5]}-{calib}"
+        t0 = time.perf_counter()
+        info = quantize(teacher, recipe, calib_ids[calib], out)
+        q_s = time.perf_counter() - t0
+        model = HFScorer(out)
+        per_domain, overall = {}, Accumulator()
+        for d, seqs in evals.items():
+            acc = Accumulator()
+            for ids, ref in zip(seqs, ref_lp[d]):
+                cand = log_softmax(model(ids))
+                acc.add_logprobs(ref, cand, ids)
+                overall.add_logprobs(ref, cand, ids)
+            per_domain[d] = acc.result()
+        m = overall.result()
+        rows.append({
+            "name": name, "recipe": recipe_file, "calibration": calib, "quantize_s": round(q_s, 1), "size_mb": round(info["size_mb"], 1),
+            "top1": m["top1_agreement"], "kl": m["kl"], "ppl_ref": m["ppl_ref"], "ppl": m["ppl"], "ppl_delta": m["ppl_increase"],
+            "per_domain": {d: {"ppl": r["ppl"], "ppl_ref": r["ppl_ref"], "ppl_delta": r["ppl_increase"], "top1": r["top1_agreement"]}
+                           for d, r in per_domain.items()},
+            "mean_layer_error": sum(info["layer_error"].values()) / max(len(info["layer_error"]), 1),
+        })
+        print(json.dumps(rows[-1]), flush=True)
+        del model
+
+    domains = sorted(evals)
+    lines = [
+        f"Model: SmolLM2-135M-Instruct (30 layers, fp32 reference). Calibration: {a.calib_total} samples × ≤{a.calib_tokens} tokens "
+        f"(mixed = chat:wiki:math 5:3:2; wiki = the wiki source only), seed 0; AWQ n_grid {a.awq_grid}. Evaluation: "
+        f"{sum(len(s) for s in evals.values())} held-out sequences ({a.eval_per_domain} per domain, ≤{a.eval_tokens} tokens), "
+        f"{sum(len(s) - 1 for v in evals.values() for s in v)} positions. Machine: {platform.machine()}, {os.cpu_count()} CPUs.",
+        "",
+        "| variant | size MB | quantize s | top-1 vs FP | mean KL | ppl (FP " + f"{rows[0]['ppl_ref']:.2f}" + ") | Δppl | "
+        + " | ".join(f"Δppl {d}" for d in domains) + " | mean layer error |",
+        "|---|---|---|---|---|---|---|" + "---|" * len(domains) + "---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['name']} | {r['size_mb']} | {r['quantize_s']} | {r['top1']:.2%} | {r['kl']:.4f} | {r['ppl']:.2f} | "
+            f"{r['ppl_delta']:+.2%} | " + " | ".join(f"{r['per_domain'][d]['ppl_delta']:+.2%}" for d in domains)
+            + f" | {r['mean_layer_error']:.4f} |"
+        )
+    out_md = REPO_ROOT / a.out
+    out_md.write_text("\n".join(lines) + "\n")
+    out_md.with_suffix(".json").write_text(json.dumps({"args": vars(a), "calibration": sets, "rows": rows}, indent=1))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

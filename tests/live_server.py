@@ -1,0 +1,48 @@
+"""A real edge server (serving.server.create_app under uvicorn) on a free 127.0.0.1 port, in a thread."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """uvicorn serving create_app(...) in a daemon thread, like `python -m serving.server` does."""
+
+    def __init__(self, engine_dir: Path, **settings) -> None:
+        import uvicorn
+
+        from serving.server import ServerSettings, create_app
+
+        self.settings = ServerSettings(**settings)
+        self.app = create_app(engine_dir, self.settings)
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server on {self.url} did not become ready")
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
