@@ -61,6 +61,7 @@ def gate_variants(
             row["checkpoint"] = v["checkpoint"].model_dump()
             row["engine"] = v["engine"].model_dump()
             row["engine_precision"] = engine_precision(v["engine"].path)
+            row["layer_error"] = dists["layer_error"].get(row["name"])
             for k in ("top1_agreement", "top1_agreement_last", "kl", "kl_p99", "ppl", "greedy_exact_match",
                       "decode_tok_s", "ttft_ms", "engine_parity"):
                 if row["metrics"][k] is not None:
@@ -69,8 +70,7 @@ def gate_variants(
         plot_dir.mkdir(parents=True, exist_ok=True)
         quantized = {v["name"] for v in variants if v["quantized"]}
         figures = [
-            plots.layer_error_plot({c.meta["variant"]: c.meta.get("layer_error", {}) for c in checkpoints if c.kind == "quantized"},
-                                   plot_dir / "layer_error.png"),
+            plots.layer_error_plot(dists["layer_error"], plot_dir / "layer_error.png"),
             plots.agreement_histogram({n: a for n, a in dists["seq_agreement"].items() if n in quantized},
                                       gate.min_top1_agreement, plot_dir / "agreement_histogram.png"),
             plots.kl_distribution({n: k for n, k in dists["kl"].items() if n in quantized}, gate.max_mean_kl,

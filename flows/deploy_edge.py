@@ -1,10 +1,16 @@
-"""Deploy-edge stage (runs on the `orin` pool): fetch the alias, verify, bind the engine, serve, smoke-test.
+"""Deploy-edge stage (runs on the `orin` pool): a blue/green rollout that never breaks the serving version.
 
 Tiny CPU run (with services up and a `staging` version registered): python -m flows.deploy_edge --profile configs/demo-cpu.yaml
+
+fetch + verify checksums → bind the engine to this device (check, reuse or build) → start the new
+server on the free side port → /ready, deep /health, smoke chat → switch the stable port's proxy to it
+→ drain and stop the old server. Any failure before the switch leaves the old server serving and the
+alias where it was; the failed deployment is recorded in MLflow either way.
 """
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from prefect import flow, task
 
@@ -13,7 +19,7 @@ from tasks.config import load_profile
 
 @task
 def fetch(profile: str, alias: str) -> tuple[str, str]:
-    """Download the aliased version into a versioned directory and verify every sha256."""
+    """Download the aliased version into its own versioned directory and verify every sha256."""
     from tasks.deploy import fetch_version
 
     version, path = fetch_version(load_profile(profile), alias)
@@ -23,8 +29,6 @@ def fetch(profile: str, alias: str) -> tuple[str, str]:
 @task
 def bind_engine(profile: str, package: str) -> tuple[str, str]:
     """Check the shipped engine against this device, or build one here from the checkpoint."""
-    from pathlib import Path
-
     from tasks.deploy import engine_for_device
 
     engine, how = engine_for_device(load_profile(profile), Path(package))
@@ -33,33 +37,76 @@ def bind_engine(profile: str, package: str) -> tuple[str, str]:
 
 
 @task
-def serve(profile: str, engine: str, version: str) -> dict:
-    """Start the server on the stable port, wait for a healthy deep probe, and send one chat."""
-    from pathlib import Path
+def start_candidate(profile: str, engine: str, version: str, package: str) -> dict:
+    """Start the new version on the free side port and health-gate it (deep /health + a smoke chat)."""
+    from tasks.deploy import start_candidate as start
 
-    from tasks.deploy import smoke_chat, start_server, stop_server, wait_healthy
+    return start(load_profile(profile), Path(engine), version, Path(package))
+
+
+@task
+def switch_traffic(profile: str, candidate: dict) -> dict:
+    """Point the stable port at the candidate; the old server finishes its requests, then stops."""
+    from tasks.deploy import ensure_proxy, switch_to
 
     p = load_profile(profile)
-    stop_server(p)
-    pid = start_server(p, Path(engine), version, p.deploy.port)
-    url = f"http://{p.deploy.host}:{p.deploy.port}"
-    health = wait_healthy(url, p.deploy.health_timeout_s, pid)
-    answer = smoke_chat(url, p.registry.model_name, p.deploy.smoke_prompt)
-    return {"url": url, "pid": pid, "version": version, "health": health, "smoke_answer": answer}
+    ensure_proxy(p)
+    return switch_to(p, candidate)
+
+
+@task
+def record(profile: str, alias: str, outcome: dict) -> None:
+    """Log the deployment (succeeded or failed, and why) as a run of the MLflow `edgeflow-deployments` experiment."""
+    from tasks.deploy import record_deployment
+
+    record_deployment(load_profile(profile), alias, outcome)
 
 
 @flow(name="deploy-edge", log_prints=True)
 def deploy_edge(profile: str, alias: str = "staging") -> dict:
-    """Registered version in, healthy server answering chats out."""
-    version, package = fetch(profile, alias)
-    engine, how = bind_engine(profile, package)
-    result = serve(profile, engine, version)
-    return result | {"engine_binding": how, "alias": alias}
+    """Registered version in, a healthy server behind the stable port out (or the old one, untouched)."""
+    from prefect.runtime import flow_run
+
+    from tasks.deploy import public_url
+
+    outcome: dict = {"alias": alias, "prefect_flow_run_id": flow_run.get_id()}
+    try:
+        version, package = fetch(profile, alias)
+        outcome["version"] = version
+        engine, how = bind_engine(profile, package)
+        candidate = start_candidate(profile, engine, version, package)
+        switched = switch_traffic(profile, candidate)
+    except Exception as e:
+        record(profile, alias, outcome | {"status": "FAILED", "error": f"{type(e).__name__}: {e}"})
+        raise
+    result = {
+        "url": public_url(load_profile(profile)), "version": version, "engine_binding": how,
+        "smoke_answer": candidate["smoke_answer"], "health": candidate["health"], "side_port": candidate["port"],
+    } | switched
+    record(profile, alias, outcome | {"status": "FINISHED"} | result)
+    return result | {"alias": alias}
+
+
+@flow(name="rollback-edge", log_prints=True)
+def rollback_edge(profile: str) -> dict:
+    """Serve the version this device ran before, by the same health-gated switch (no registry call needed)."""
+    from tasks.deploy import previous_deployment, public_url
+    from tasks.artifacts import verify_manifest
+
+    p = load_profile(profile)
+    prev = previous_deployment(p)
+    verify_manifest(Path(prev["package"]))  # the old files are still what was verified at the time
+    candidate = start_candidate(profile, prev["engine"], prev["version"], prev["package"])
+    switched = switch_traffic(profile, candidate)
+    result = {"url": public_url(p), "version": prev["version"], "smoke_answer": candidate["smoke_answer"]} | switched
+    record(profile, "rollback", {"status": "FINISHED"} | result)
+    return result
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", default="configs/demo-cpu.yaml")
     ap.add_argument("--alias", default="staging")
+    ap.add_argument("--rollback", action="store_true", help="serve the previous version instead")
     a = ap.parse_args()
-    print(deploy_edge(a.profile, a.alias))
+    print(rollback_edge(a.profile) if a.rollback else deploy_edge(a.profile, a.alias))

@@ -30,7 +30,7 @@ def quantize_variant(
     stage = f"quantize-{variant.name}" + (f"-attempt{attempt}" if attempt else "")
     with stage_run(ctx, stage, variant.model_dump() | {"calibration_sha256": calibration.sha256}) as (client, run_id):
         info = quantize(student.path, recipe, ids, out, slot)
-        client.log_dict(run_id, info["layer_error"], "layer_error.json")
+        client.log_dict(run_id, info["weight_error"], "weight_error.json")
         client.log_dict(run_id, recipe, "recipe.yaml")
         client.log_metric(run_id, "size_mb", info["size_mb"])
         client.log_artifacts(run_id, str(out), "quantized")

@@ -143,7 +143,16 @@ class RegistryConfig(_Strict):
 
 class DeployConfig(_Strict):
     host: str = Field(default="127.0.0.1", description="Address the edge server binds.")
-    port: int = Field(default=8000, ge=1, le=65535, description="Stable port of the edge server.")
+    port: int = Field(default=8000, ge=1, le=65535, description="Stable port clients use (the device's proxy).")
+    side_ports: list[int] = Field(
+        default=[8001, 8002], min_length=2, max_length=2,
+        description="Two loopback ports the edge servers alternate on (blue/green); the proxy on `port` forwards to one.",
+    )
+    drain_timeout_s: float = Field(default=120, gt=0, description="After a switch, wait this long for the old server's requests to finish.")
+    build_on_device: bool = Field(
+        default=True,
+        description="If the shipped engine cannot run on this device: build one here from the checkpoint (true) or refuse the deploy (false).",
+    )
     alias: str = Field(default="staging", description="Registry alias to deploy.")
     install_dir: str = Field(default=".edgeflow/device", description="Versioned model directories and logs on the device.")
     health_timeout_s: float = Field(default=180, gt=0, description="Give up waiting for /health after this long.")
@@ -184,6 +193,13 @@ class Profile(_Strict):
         """Paths in profiles are relative to the repository root."""
         p = Path(rel)
         return p if p.is_absolute() else REPO_ROOT / p
+
+    @model_validator(mode="after")
+    def _ports_distinct(self):
+        ports = [self.deploy.port, *self.deploy.side_ports]
+        if len(set(ports)) != 3:
+            raise ValueError(f"deploy.port and deploy.side_ports must be three different ports, got {ports}")
+        return self
 
     @property
     def work(self) -> Path:

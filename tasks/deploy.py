@@ -1,6 +1,7 @@
 """Edge deploy logic: fetch a registered version, verify it, bind an engine to this device, run the server."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -60,6 +61,11 @@ def engine_for_device(profile: Profile, package: Path) -> tuple[Path, str]:
         return shipped, "shipped engine is compatible with this device"
     except EngineIncompatibleError as e:
         reason = str(e)
+    if not profile.deploy.build_on_device:
+        raise EngineIncompatibleError(
+            f"the shipped engine cannot run on this device ({reason}) and deploy.build_on_device is false; "
+            "build the engine for this device (build-engine deployment on its pool) or set deploy.build_on_device: true"
+        )
     from tasks.artifacts import sha256_json
 
     ckpt_sha = json.loads((package / "lineage.json").read_text())["checkpoint"]["sha256"]
@@ -73,54 +79,177 @@ def engine_for_device(profile: Profile, package: Path) -> tuple[Path, str]:
         return cached, f"built on device ({reason})"
 
 
-def _pidfile(profile: Profile) -> Path:
-    return profile.work / "run" / "edge-server.pid"
+# --------------------------------------------------------------------------------------------
+# Processes on the device: one proxy on the stable port, edge servers on two side ports
+# --------------------------------------------------------------------------------------------
 
 
-def stop_server(profile: Profile, timeout: float = 20) -> None:
-    """Stop the server this device started (by pid file), waiting for it to exit."""
-    pf = _pidfile(profile)
-    if not pf.exists():
-        return
-    pid = int(pf.read_text().split()[0])
+def _run_dir(profile: Profile) -> Path:
+    return profile.work / "run"
+
+
+def device_dir(profile: Profile) -> Path:
+    return profile.resolve(profile.deploy.install_dir)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _stop_pid(pid: int, timeout: float = 20) -> None:
+    """SIGTERM the process group (graceful: uvicorn finishes open responses), SIGKILL after `timeout`."""
     try:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
-        pf.unlink(missing_ok=True)
         return
     deadline = time.time() + timeout
     while time.time() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
+        if not _alive(pid):
+            return
         time.sleep(0.2)
-    else:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    pf.unlink(missing_ok=True)
+
+
+def _spawn(profile: Profile, name: str, cmd: list[str]) -> int:
+    """Start a process detached in its own session (it outlives this flow run and its worker); pid file run/<name>.pid."""
+    logs = profile.work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / f"{name}.log", "ab") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    run = _run_dir(profile)
+    run.mkdir(parents=True, exist_ok=True)
+    (run / f"{name}.pid").write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
+def stop_device(profile: Profile) -> list[str]:
+    """Stop the proxy and every edge server this device started (by pid file); returns what was stopped."""
+    stopped = []
+    run = _run_dir(profile)
+    for pf in sorted(run.glob("edge-*.pid")) if run.exists() else []:
+        pid = int(pf.read_text().split()[0])
+        _stop_pid(pid)
+        pf.unlink(missing_ok=True)
+        stopped.append(f"{pf.stem} (pid {pid})")
+    return stopped
+
+
+def read_state(profile: Profile) -> dict:
+    """What this device serves: {"current": {...}, "previous": {...}} (version, port, pid, engine, package)."""
+    path = device_dir(profile) / "state.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _write_state(profile: Profile, state: dict) -> None:
+    path = device_dir(profile) / "state.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1))
+    os.replace(tmp, path)
+
+
+def _control_url(profile: Profile) -> str:
+    host = "127.0.0.1" if profile.deploy.host in ("0.0.0.0", "::") else profile.deploy.host
+    return f"http://{host}:{profile.deploy.port}/_edgeflow/proxy"
+
+
+def ensure_proxy(profile: Profile, timeout: float = 30) -> dict:
+    """Start the stable-port proxy unless it already answers; returns its control state."""
+    try:
+        r = httpx.get(_control_url(profile), timeout=2)
+    except httpx.HTTPError:
+        pass
+    else:
+        if r.status_code == 200 and "upstream" in r.json():
+            return r.json()
+        raise RuntimeError(
+            f"port {profile.deploy.port} (deploy.port) answers but is not the edgeflow proxy ({r.status_code} on "
+            f"{_control_url(profile)}); stop what listens there (make down) or choose another deploy.port"
+        )
+    _spawn(profile, "edge-proxy", [
+        sys.executable, "-m", "serving.proxy", "--host", profile.deploy.host, "--port", str(profile.deploy.port),
+        "--state", str(device_dir(profile) / "proxy.json"),
+    ])
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(_control_url(profile), timeout=2).json()
+        time.sleep(0.2)
+    raise RuntimeError(f"proxy on port {profile.deploy.port} did not start; see {profile.work / 'logs' / 'edge-proxy.log'}")
+
+
+def side_port(profile: Profile) -> int:
+    """The side port not serving now (blue/green between deploy.side_ports)."""
+    current = (read_state(profile).get("current") or {}).get("port")
+    free = [p for p in profile.deploy.side_ports if p != current]
+    return free[0]
 
 
 def start_server(profile: Profile, engine_dir: Path, version: str, port: int) -> int:
-    """Start the edge server detached in its own session, so it outlives this flow run and its worker."""
-    logs = profile.work / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    access_log = profile.resolve(profile.deploy.install_dir) / "access_logs" / "access.jsonl"
+    """Start an edge server on `port`, detached; a stale server of ours on that port is stopped first."""
+    name = f"edge-server-{port}"
+    stale = _run_dir(profile) / f"{name}.pid"
+    if stale.exists():
+        _stop_pid(int(stale.read_text().split()[0]))
+    access_log = device_dir(profile) / "access_logs" / "access.jsonl"
     access_log.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [
+    return _spawn(profile, name, [
         sys.executable, "-m", "serving.server",
         "--engine", str(engine_dir),
-        "--host", profile.deploy.host,
+        "--host", "127.0.0.1",  # side ports are reached through the proxy only
         "--port", str(port),
         "--model-name", profile.registry.model_name,
         "--engine-version", version,
         "--access-log", str(access_log),
-    ]
-    with open(logs / "edge-server.log", "ab") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    pf = _pidfile(profile)
-    pf.parent.mkdir(parents=True, exist_ok=True)
-    pf.write_text(f"{proc.pid} {port} v{version}\n")
-    return proc.pid
+    ])
+
+
+def start_candidate(profile: Profile, engine_dir: Path, version: str, package: Path) -> dict:
+    """Start the new version on the free side port, wait for a healthy deep probe, send a smoke chat.
+
+    On any failure the candidate is stopped and the error re-raised: the serving version is untouched.
+    """
+    port = side_port(profile)
+    pid = start_server(profile, engine_dir, version, port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        health = wait_healthy(url, profile.deploy.health_timeout_s, pid)
+        answer = smoke_chat(url, profile.registry.model_name, profile.deploy.smoke_prompt)
+    except BaseException:
+        _stop_pid(pid)
+        (_run_dir(profile) / f"edge-server-{port}.pid").unlink(missing_ok=True)
+        raise
+    return {"version": version, "port": port, "pid": pid, "engine": str(engine_dir), "package": str(package),
+            "health": health, "smoke_answer": answer}
+
+
+def switch_to(profile: Profile, candidate: dict) -> dict:
+    """Point the stable port at the candidate, let the old server finish its requests, then stop it."""
+    state = read_state(profile)
+    old = state.get("current")
+    ensure_proxy(profile)
+    r = httpx.put(_control_url(profile), json={"upstream": candidate["port"]}, timeout=5)
+    r.raise_for_status()
+    drained = True
+    if old and old.get("port") != candidate["port"]:
+        deadline = time.time() + profile.deploy.drain_timeout_s
+        while time.time() < deadline:
+            left = httpx.get(_control_url(profile), timeout=5).json()["in_flight"].get(str(old["port"]), 0)
+            if not left:
+                break
+            time.sleep(0.2)
+        else:
+            drained = False
+        _stop_pid(old["pid"])
+        (_run_dir(profile) / f"edge-server-{old['port']}.pid").unlink(missing_ok=True)
+    keep = {k: candidate[k] for k in ("version", "port", "pid", "engine", "package")}
+    _write_state(profile, {"current": keep, "previous": old and {k: old[k] for k in keep if k in old}})
+    return {"switched_from": old and old.get("version"), "drained": drained}
 
 
 def wait_healthy(base_url: str, timeout: float, pid: int | None = None) -> dict:
@@ -132,7 +261,7 @@ def wait_healthy(base_url: str, timeout: float, pid: int | None = None) -> dict:
             try:
                 os.kill(pid, 0)
             except ProcessLookupError:
-                raise RuntimeError(f"edge server (pid {pid}) exited before becoming healthy; see .edgeflow/logs/edge-server.log")
+                raise RuntimeError(f"edge server (pid {pid}) exited before becoming healthy; see its log under logs/edge-server-<port>.log")
         try:
             r = httpx.get(f"{base_url}/health", timeout=10)
             if r.status_code == 200:
@@ -162,3 +291,44 @@ def smoke_chat(base_url: str, model: str, prompt: str, max_tokens: int = 48) -> 
     if not answer.strip():
         raise RuntimeError("smoke chat returned an empty answer")
     return answer
+
+
+def public_url(profile: Profile) -> str:
+    """The stable URL clients use on this device."""
+    host = "127.0.0.1" if profile.deploy.host in ("0.0.0.0", "::") else profile.deploy.host
+    return f"http://{host}:{profile.deploy.port}"
+
+
+def previous_deployment(profile: Profile) -> dict:
+    """The version this device served before the current one, or a clear error if there is none."""
+    prev = read_state(profile).get("previous")
+    if not prev:
+        raise RuntimeError(
+            f"nothing to roll back to: {device_dir(profile) / 'state.json'} records no previous deployment on this device"
+        )
+    if not Path(prev["package"]).exists():
+        raise RuntimeError(f"previous version {prev['version']} is gone from {prev['package']}; redeploy it from the registry instead")
+    return prev
+
+
+def record_deployment(profile: Profile, alias: str, outcome: dict) -> str:
+    """One run per deployment attempt in the `edgeflow-deployments` MLflow experiment; FAILED ones say why."""
+    from mlflow import MlflowClient
+
+    from tasks.runs import tracking_uri
+
+    c = MlflowClient(tracking_uri())
+    exp = c.get_experiment_by_name("edgeflow-deployments")
+    exp_id = exp.experiment_id if exp else c.create_experiment("edgeflow-deployments")
+    tags = {
+        "edgeflow.model": profile.registry.model_name,
+        "edgeflow.alias": alias,
+        "edgeflow.version": str(outcome.get("version", "")),
+        "edgeflow.device_dir": str(device_dir(profile)),
+        "edgeflow.prefect_flow_run_id": str(outcome.get("prefect_flow_run_id") or ""),
+        "edgeflow.error": str(outcome.get("error", ""))[:4000],
+    }
+    run = c.create_run(exp_id, run_name=f"{alias} v{outcome.get('version', '?')} {outcome['status'].lower()}", tags=tags)
+    c.log_dict(run.info.run_id, {k: v for k, v in outcome.items() if k != "health"}, "deployment.json")
+    c.set_terminated(run.info.run_id, outcome["status"])
+    return run.info.run_id

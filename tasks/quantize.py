@@ -143,8 +143,13 @@ def load_dequantized(model_dir: Path) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def layer_errors(reference: torch.nn.Module, quantized: torch.nn.Module) -> dict[str, float]:
-    """Relative weight error ‖W − Ŵ‖/‖W‖ of every Linear layer whose weights changed (the quantized ones)."""
+def weight_errors(reference: torch.nn.Module, quantized: torch.nn.Module) -> dict[str, float]:
+    """Relative weight error ‖W − Ŵ‖/‖W‖ of every Linear layer whose weights changed (the quantized ones).
+
+    Meaningful for GPTQ/RTN; for AWQ it also counts the per-channel rescaling AWQ folds into
+    neighbouring layers (exact in function, not in weights). The gate's per-layer plot therefore uses
+    block output errors (tasks.evaluation.metrics.LayerError).
+    """
     ref = dict(reference.named_modules())
     out = {}
     for name, mod in quantized.named_modules():
@@ -201,5 +206,5 @@ def quantize(
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
     size = sum(p.stat().st_size for p in out_dir.rglob("*.safetensors"))
-    errors = layer_errors(AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float32), load_dequantized(out_dir))
-    return {"size_mb": size / 2**20, "scheme": recipe_scheme(recipe), "schemes": recipe_schemes(recipe), "layer_error": errors}
+    errors = weight_errors(AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float32), load_dequantized(out_dir))
+    return {"size_mb": size / 2**20, "scheme": recipe_scheme(recipe), "schemes": recipe_schemes(recipe), "weight_error": errors}

@@ -13,7 +13,7 @@ import torch
 from tasks.calibration import allocate
 from tasks.config import GateConfig
 from tasks.engines import get_backend
-from tasks.evaluation.metrics import Accumulator, greedy_exact_match, log_softmax
+from tasks.evaluation.metrics import Accumulator, LayerError, greedy_exact_match, log_softmax
 from tasks.textdata import load_texts
 
 
@@ -43,6 +43,12 @@ class HFScorer:
     @torch.no_grad()
     def __call__(self, ids: list[int]) -> np.ndarray:
         return self.model(input_ids=torch.tensor([ids])).logits[0].float().numpy()
+
+    @torch.no_grad()
+    def with_hidden(self, ids: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Logits and every decoder layer's output hidden states ([len, hidden] each), from one forward pass."""
+        out = self.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+        return out.logits[0].float().numpy(), [h[0].float().numpy() for h in out.hidden_states[1:]]
 
     @torch.no_grad()
     def greedy(self, ids: list[int], max_new_tokens: int, stop_token_ids: list[int]) -> list[int]:
@@ -94,7 +100,10 @@ def run_gate(
 
     `variants`: dicts with name, engine_dir, checkpoint_dir (the HF-loadable checkpoint the engine was built
     from), size_mb, quantized (bool). Sequences are scored one at a time for all models together, so
-    no full logit tensor set is ever held in memory.
+    no full logit tensor set is ever held in memory. `prompts` are continued greedily for
+    `gate.greedy_tokens` tokens by the reference and by every engine (greedy exact match).
+    Returns (rows, distributions): per-sequence agreement, per-token KL and per-layer hidden-state
+    error per variant, for the plots.
     """
     backend = get_backend(backend_name)
     reference = HFScorer(reference_dir)
@@ -102,12 +111,19 @@ def run_gate(
     fakeq = {v["name"]: (HFScorer(Path(v["checkpoint_dir"])) if v["quantized"] else reference) for v in variants}
     vs_ref = {v["name"]: Accumulator() for v in variants}
     parity = {v["name"]: Accumulator() for v in variants}
+    layer_error = {v["name"]: LayerError() for v in variants if v["quantized"]}
     for ids in seqs:
-        ref = log_softmax(reference(ids))
+        ref_logits, ref_hidden = reference.with_hidden(ids)
+        ref = log_softmax(ref_logits)
         for v in variants:
             eng = log_softmax(backend.score(sessions[v["name"]], ids))
             vs_ref[v["name"]].add_logprobs(ref, eng, ids)
-            fq = ref if fakeq[v["name"]] is reference else log_softmax(fakeq[v["name"]](ids))
+            if fakeq[v["name"]] is reference:
+                fq = ref
+            else:
+                fq_logits, fq_hidden = fakeq[v["name"]].with_hidden(ids)
+                fq = log_softmax(fq_logits)
+                layer_error[v["name"]].add(ref_hidden, fq_hidden)
             parity[v["name"]].add_logprobs(fq, eng, ids)
 
     prompts, stop = prompts or [], stop_token_ids or []
@@ -157,5 +173,6 @@ def run_gate(
     distributions = {
         "seq_agreement": {n: a.seq_agreement for n, a in vs_ref.items()},
         "kl": {n: a.kl_values() for n, a in vs_ref.items()},
+        "layer_error": {n: e.result() for n, e in layer_error.items()},
     }
     return rows, distributions

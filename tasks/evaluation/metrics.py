@@ -77,6 +77,31 @@ class Accumulator:
         }
 
 
+class LayerError:
+    """Relative error of each decoder layer's output hidden states, ‖h_ref − h‖ / ‖h_ref‖, pooled over sequences.
+
+    Measured on block outputs, not weights: AWQ folds per-channel scales into neighbouring layers, so a
+    weight-space comparison with the original model would count that exact rescaling as error, while a
+    block's output is invariant to it. Errors accumulate with depth, which is what the plot shows.
+    """
+
+    def __init__(self) -> None:
+        self.diff: np.ndarray | None = None
+        self.ref: np.ndarray | None = None
+
+    def add(self, ref: list[np.ndarray], cand: list[np.ndarray]) -> None:
+        """ref/cand: one [len, hidden] array per decoder layer output, same order."""
+        d = np.array([float(((r.astype(np.float64) - c) ** 2).sum()) for r, c in zip(ref, cand, strict=True)])
+        n = np.array([float((r.astype(np.float64) ** 2).sum()) for r in ref])
+        self.diff = d if self.diff is None else self.diff + d
+        self.ref = n if self.ref is None else self.ref + n
+
+    def result(self) -> list[float]:
+        if self.diff is None:
+            return []
+        return [float(x) for x in np.sqrt(self.diff / np.maximum(self.ref, 1e-30))]
+
+
 def greedy_exact_match(reference: list[list[int]], candidate: list[list[int]]) -> float:
     """Fraction of prompts whose greedy continuation is token-for-token identical."""
     if len(reference) != len(candidate):

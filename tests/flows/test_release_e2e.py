@@ -34,9 +34,9 @@ def services(tmp_path_factory, teacher_dir):
     os.environ.update(svc)
     yield svc
     from tasks.config import load_profile
-    from tasks.deploy import stop_server
+    from tasks.deploy import stop_device
 
-    stop_server(load_profile(REPO / "configs" / "test-tiny.yaml"))
+    stop_device(load_profile(REPO / "configs" / "test-tiny.yaml"))
     subprocess.run([sys.executable, "scripts/services.py", "down"], cwd=REPO, env=os.environ | env, check=False)
     for k, v in saved.items():
         if v is None:
@@ -101,6 +101,137 @@ def test_release_deployment_registers_stages_and_serves(services):
     )
     text = "".join((chunk.choices[0].delta.content or "") for chunk in stream if chunk.choices)
     assert text  # a 3-step student may answer in whitespace; the stream must still carry content
+
+
+class SteadyLoad:
+    """Two clients sending short chats to the stable port back to back; records every outcome."""
+
+    def __init__(self, url: str, model: str) -> None:
+        import threading
+
+        self.url, self.model = url, model
+        self.results: list[tuple[int, str]] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(2)]
+
+    def _run(self, i: int) -> None:
+        import httpx
+
+        with httpx.Client(timeout=60) as client:  # keep-alive: a connection outlives the switch
+            while not self.stop.is_set():
+                body = {"model": self.model, "messages": [{"role": "user", "content": f"Count to {i + 3}."}],
+                        "max_tokens": 6, "stream": i == 1}
+                try:
+                    r = client.post(f"{self.url}/v1/chat/completions", json=body)
+                    ok = r.status_code == 200 and (("data: [DONE]" in r.text) if i == 1 else bool(r.json()["choices"]))
+                    self.results.append((r.status_code if ok else -r.status_code, r.text[:200]))
+                except Exception as e:  # noqa: BLE001 - every failure counts
+                    self.results.append((0, repr(e)))
+
+    def __enter__(self) -> "SteadyLoad":
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=90)
+
+    def failures(self) -> list[tuple[int, str]]:
+        return [r for r in self.results if r[0] != 200]
+
+
+def _register_variant_of_staging(c, name: str, edit, alias: str) -> str:
+    """Copy the staging package, let `edit` change it, log it as a new version and point `alias` at it."""
+    import shutil
+    import tempfile
+
+    from tasks.artifacts import sha256_tree, write_manifest
+    from tasks.registry import register_version
+
+    staging = c.get_model_version_by_alias(name, "staging")
+    with tempfile.TemporaryDirectory() as tmp:
+        import mlflow.artifacts
+
+        src = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}@staging", dst_path=tmp))
+        pkg = Path(tmp) / "pkg"
+        shutil.copytree(src, pkg)
+        expected = edit(pkg)
+        if expected is None:  # edits that keep the package consistent re-sign it
+            write_manifest(pkg)
+            expected = sha256_tree(pkg)
+        exp = c.get_experiment_by_name("edgeflow-release")
+        run = c.create_run(exp.experiment_id, run_name=f"test candidate {alias}")
+        c.log_artifacts(run.info.run_id, str(pkg), "model")
+        c.set_terminated(run.info.run_id)
+        tags = dict(staging.tags) | {"edgeflow.package_sha256": expected}
+        version = register_version(c, name, run.info.run_id, "model", tags)
+    c.set_registered_model_alias(name, alias, version)
+    return version
+
+
+def test_bad_rollouts_under_load_never_break_serving_and_good_ones_switch_without_errors(services, tmp_path):
+    """Corrupted and engine-incompatible candidates fail the deploy with the old server answering every request
+    throughout and `staging` unmoved; a good rollout and a rollback switch the stable port with zero failed requests."""
+    import yaml
+    from mlflow import MlflowClient
+    from prefect.deployments import run_deployment
+
+    from tasks.config import load_profile
+    from tasks.deploy import read_state
+
+    profile = load_profile(REPO / "configs" / "test-tiny.yaml")
+    name = profile.registry.model_name
+    c = MlflowClient(services["MLFLOW_TRACKING_URI"])
+    staging_before = c.get_model_version_by_alias(name, "staging").version
+    serving_before = read_state(profile)["current"]
+    assert serving_before["version"] == staging_before  # the release test deployed staging
+
+    def corrupt(pkg: Path):
+        return "0" * 64  # the registry records a hash the files do not have (a tampered or broken upload)
+
+    def foreign_engine(pkg: Path):
+        meta = json.loads((pkg / "engine" / "engine.json").read_text())
+        meta["onnxruntime_genai"] = "0.1.0"  # built by a runtime this device does not have
+        (pkg / "engine" / "engine.json").write_text(json.dumps(meta))
+        return None
+
+    corrupted = _register_variant_of_staging(c, name, corrupt, "candidate-corrupt")
+    foreign = _register_variant_of_staging(c, name, foreign_engine, "candidate-foreign")
+    strict = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
+    strict["deploy"]["build_on_device"] = False
+    strict_path = tmp_path / "strict.yaml"
+    strict_path.write_text(yaml.safe_dump(strict))
+
+    url = f"http://127.0.0.1:{profile.deploy.port}"
+    with SteadyLoad(url, name) as load:
+        bad = [
+            run_deployment("deploy-edge/deploy-edge", parameters={"profile": "configs/test-tiny.yaml", "alias": "candidate-corrupt"}, timeout=600),
+            run_deployment("deploy-edge/deploy-edge", parameters={"profile": str(strict_path), "alias": "candidate-foreign"}, timeout=600),
+        ]
+        n_during_bad = len(load.results)
+        good = run_deployment("deploy-edge/deploy-edge", parameters={"profile": "configs/test-tiny.yaml", "alias": "staging"}, timeout=600)
+        after_good = read_state(profile)
+        back = run_deployment("rollback-edge/rollback-edge", parameters={"profile": "configs/test-tiny.yaml"}, timeout=600)
+    assert bad[0].state.is_failed() and "ChecksumError" in bad[0].state.message, bad[0].state.message
+    assert bad[1].state.is_failed() and "build_on_device is false" in bad[1].state.message, bad[1].state.message
+    assert good.state.is_completed(), good.state.message
+    assert back.state.is_completed(), back.state.message
+
+    assert n_during_bad >= 4 and len(load.results) > n_during_bad
+    assert load.failures() == [], load.failures()[:5]
+    assert c.get_model_version_by_alias(name, "staging").version == staging_before
+    # the good rollout moved to the other side port; the rollback moved back
+    assert after_good["current"]["port"] != serving_before["port"] and after_good["previous"]["port"] == serving_before["port"]
+    assert read_state(profile)["current"]["port"] == serving_before["port"]
+    # every attempt is recorded in MLflow, the failed ones with their reason
+    exp = c.get_experiment_by_name("edgeflow-deployments")
+    runs = {r.data.tags["edgeflow.alias"] + ":" + r.info.status: r for r in c.search_runs([exp.experiment_id])}
+    assert "ChecksumError" in runs["candidate-corrupt:FAILED"].data.tags["edgeflow.error"]
+    assert runs["candidate-foreign:FAILED"].data.tags["edgeflow.version"] == foreign
+    assert {"staging:FINISHED", "rollback:FINISHED"} <= set(runs)
+    assert corrupted != foreign
 
 
 def test_gate_nobody_can_pass_keeps_aliases_recalibrates_and_reports(services, tmp_path):

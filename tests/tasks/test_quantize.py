@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tasks.config import REPO_ROOT
-from tasks.quantize import check_group_sizes, layer_errors, load_dequantized, load_recipe, quantize, recipe_scheme, recipe_schemes
+from tasks.quantize import check_group_sizes, weight_errors, load_dequantized, load_recipe, quantize, recipe_scheme, recipe_schemes
 
 RECIPES = REPO_ROOT / "deployments" / "recipes"
 
@@ -37,13 +37,13 @@ def test_every_shipped_recipe_is_accepted_by_llm_compressor():
 def test_mixed_recipe_keeps_attention_at_8_bits_and_mlp_at_4(tiny_llama, tmp_path):
     ids = [[(7 * i + j) % 500 + 1 for j in range(32)] for i in range(4)]
     info = quantize(tiny_llama, load_recipe(RECIPES / "mixed-w8attn-w4mlp.yaml"), ids, tmp_path / "mixed")
-    err = info["layer_error"]
+    err = info["weight_error"]
     attn = [v for k, v in err.items() if "self_attn" in k]
     mlp = [v for k, v in err.items() if ".mlp." in k]
     assert len(attn) == 8 and len(mlp) == 6, sorted(err)  # 2 layers x (q, k, v, o) and x (gate, up, down)
     assert max(attn) < min(mlp) / 4, (attn, mlp)  # 8-bit error is ~16x smaller than 4-bit
-    # layer_errors agrees with an independent reload of the saved checkpoint
-    again = layer_errors(AutoModelForCausalLM.from_pretrained(tiny_llama), load_dequantized(tmp_path / "mixed"))
+    # weight_errors agrees with an independent reload of the saved checkpoint
+    again = weight_errors(AutoModelForCausalLM.from_pretrained(tiny_llama), load_dequantized(tmp_path / "mixed"))
     assert again == pytest.approx(err)
 
 

@@ -4,7 +4,7 @@ import numpy as np
 
 import pytest
 
-from tasks.evaluation.metrics import Accumulator, greedy_exact_match, kl_per_position, log_softmax, nll, top1_agreement
+from tasks.evaluation.metrics import Accumulator, LayerError, greedy_exact_match, kl_per_position, log_softmax, nll, top1_agreement
 
 
 def test_top1_agreement_on_known_tensors():
@@ -57,3 +57,14 @@ def test_accumulator_keeps_per_sequence_agreement_and_every_kl():
     assert a.seq_agreement == [1.0, 0.5]
     kl = a.kl_values()
     assert kl.shape == (5,) and np.allclose(kl[:3], 0) and kl[3] > 4 and abs(kl[4]) < 1e-12
+
+
+def test_layer_error_is_relative_and_pooled_over_sequences():
+    e = LayerError()
+    ref = [np.ones((2, 4)), np.full((2, 4), 2.0)]
+    e.add(ref, [np.ones((2, 4)), np.full((2, 4), 2.2)])  # layer 0 exact, layer 1 off by 10 %
+    assert e.result() == pytest.approx([0.0, 0.1])
+    e.add(ref, [np.full((2, 4), 1.5), np.full((2, 4), 2.0)])  # pooled: sqrt(sum d^2 / sum ref^2)
+    assert e.result() == pytest.approx([np.sqrt(0.25 * 8 / 16), np.sqrt(0.04 * 8 / 64)])
+    with pytest.raises(ValueError):
+        e.add(ref, ref[:1])  # a missing layer is an error, not a silent truncation

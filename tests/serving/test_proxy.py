@@ -1,0 +1,99 @@
+"""The stable-port proxy between two real edge servers: streams pass through, a switch moves new
+requests only, the in-flight count drains, and the upstream survives a proxy restart."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.live_server import LiveServer, _free_port
+
+MODEL = "tiny-edge"
+
+
+class LiveProxy:
+    def __init__(self, state, upstream=None) -> None:
+        import uvicorn
+
+        from serving.proxy import create_app
+
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(create_app(state, upstream), host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "LiveProxy":
+        self.thread.start()
+        for _ in range(200):
+            try:
+                httpx.get(f"{self.url}/_edgeflow/proxy", timeout=1)
+                return self
+            except httpx.TransportError:
+                time.sleep(0.05)
+        raise RuntimeError("proxy did not start")
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+    def control(self, **body) -> dict:
+        r = httpx.put(f"{self.url}/_edgeflow/proxy", json=body, timeout=5) if body else httpx.get(f"{self.url}/_edgeflow/proxy", timeout=5)
+        return r.json() | {"_status": r.status_code}
+
+
+@pytest.fixture(scope="module")
+def blue_green(engine_dir):
+    with LiveServer(engine_dir, model_name=MODEL, engine_version="blue") as blue, \
+            LiveServer(engine_dir, model_name=MODEL, engine_version="green") as green:
+        yield blue, green
+
+
+def _version(url: str) -> str:
+    return httpx.get(f"{url}/health", timeout=30).json()["engine"]["engine_version"]
+
+
+def test_no_upstream_yet_is_503_with_retry_after(tmp_path):
+    with LiveProxy(tmp_path / "proxy.json") as proxy:
+        r = httpx.get(f"{proxy.url}/v1/models", timeout=5)
+        assert r.status_code == 503 and r.headers["retry-after"] and "no edge server" in r.text
+
+
+def test_stream_passes_through_and_switch_moves_only_new_requests(blue_green, tmp_path):
+    blue, green = blue_green
+    state = tmp_path / "proxy.json"
+    with LiveProxy(state, blue.port) as proxy:
+        assert _version(proxy.url) == "blue"
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 60, "stream": True}
+        chunks: list[str] = []
+        with httpx.Client(timeout=60) as client, client.stream("POST", f"{proxy.url}/v1/chat/completions", json=body) as r:
+            lines = r.iter_lines()
+            for line in lines:  # the first event arrives before the generation is over: streaming, not buffering
+                if line.startswith("data: "):
+                    chunks.append(line)
+                    break
+            assert proxy.control()["in_flight"] == {str(blue.port): 1}
+            switched = proxy.control(upstream=green.port)
+            assert switched["upstream"] == green.port and json.loads(state.read_text()) == {"upstream": green.port}
+            assert _version(proxy.url) == "green"  # a new request goes to the new server …
+            chunks += [line for line in lines if line.startswith("data: ")]  # … while this stream finishes on blue
+        assert chunks[-1] == "data: [DONE]" and len(chunks) > 5
+        for _ in range(50):
+            if proxy.control()["in_flight"] == {}:
+                break
+            time.sleep(0.1)
+        assert proxy.control()["in_flight"] == {}
+    with LiveProxy(state) as restarted:  # a restarted proxy resumes with the persisted upstream
+        assert restarted.control()["upstream"] == green.port and _version(restarted.url) == "green"
+
+
+def test_bad_switch_is_refused_and_a_dead_upstream_is_502(blue_green, tmp_path):
+    with LiveProxy(tmp_path / "proxy.json", blue_green[0].port) as proxy:
+        refused = proxy.control(upstream="8001")
+        assert refused["_status"] == 422 and "TCP port" in refused["error"]
+        assert proxy.control()["upstream"] == blue_green[0].port
+        proxy.control(upstream=_free_port())  # nothing listens there
+        r = httpx.get(f"{proxy.url}/v1/models", timeout=5)
+        assert r.status_code == 502 and "unreachable" in r.text
