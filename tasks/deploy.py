@@ -154,8 +154,7 @@ def _write_state(profile: Profile, state: dict) -> None:
 
 
 def _control_url(profile: Profile) -> str:
-    host = "127.0.0.1" if profile.deploy.host in ("0.0.0.0", "::") else profile.deploy.host
-    return f"http://{host}:{profile.deploy.port}/_edgeflow/proxy"
+    return f"{public_url(profile)}/_edgeflow/proxy"
 
 
 def ensure_proxy(profile: Profile, timeout: float = 30) -> dict:

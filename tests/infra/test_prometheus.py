@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -12,7 +11,7 @@ import pytest
 import yaml
 
 from tasks.config import REPO_ROOT
-from tests.live_server import LiveServer
+from tests.live_server import LiveServer, _free_port
 
 PROM = REPO_ROOT / "infra" / "prometheus"
 PROMTOOL = shutil.which("promtool")
@@ -37,12 +36,6 @@ def test_a_broken_rule_is_caught(tmp_path):
     shutil.copy(PROM / "alerts.test.yml", tmp_path)
     unit = subprocess.run([PROMTOOL, "test", "rules", "alerts.test.yml"], cwd=tmp_path, capture_output=True, text=True)
     assert unit.returncode != 0 and "EdgeflowNoCompletedRequests" in unit.stdout + unit.stderr
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start(cmd: list[str], log: Path) -> subprocess.Popen:
