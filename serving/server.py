@@ -4,7 +4,7 @@
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions (streaming SSE and not),
 GET /v1/models, GET /health (deep probe: one real token through the engine), GET /ready,
-GET /metrics (Prometheus).
+GET /metrics (Prometheus), GET / (a chat page), POST /feedback (the page's feedback buttons).
 
 Design notes (the why):
 
@@ -31,6 +31,11 @@ Design notes (the why):
   the very same deltas, so both modes return identical text.
 * Status codes recorded for streams that already answered 200 describe the outcome: 499 client
   went away, 504 deadline, 500 engine error (the nginx/OpenAI conventions).
+* A watchdog thread (serving.watchdog) ends the process when an engine call makes no progress for
+  `watchdog_stall_s`, after failing /health and sending an error event to every open stream; run the
+  server under serving.supervisor (deploy-edge does) or systemd to get it restarted.
+* Chat requests keep the last `history_turns` turns; older ones are condensed into one summary
+  line (serving.conversation), so a long chat stays under max_prompt_tokens.
 """
 from __future__ import annotations
 
@@ -41,12 +46,13 @@ import contextlib
 import itertools
 import json
 import logging
+import os
 import re
 import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
@@ -70,10 +76,13 @@ from pydantic import (
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.access_log import AccessLog
+from serving.conversation import condense
+from serving.watchdog import Watchdog
 
 log = logging.getLogger("edgeflow.serving")
 
 MiB = 1 << 20
+CHAT_PAGE = Path(__file__).with_name("chat.html")
 CHAT_ENDPOINT = "/v1/chat/completions"
 COMPLETIONS_ENDPOINT = "/v1/completions"
 
@@ -111,6 +120,19 @@ class ServerSettings(BaseModel):
         default=None,
         description="Version string reported in logs, metrics and system_fingerprint; defaults to engine.json's "
         "engine_version, else backend + checkpoint sha256 prefix.",
+    )
+    history_turns: int = Field(
+        default=4, ge=1, description="Chat turns kept verbatim (the request's own user message is the last); older "
+        "turns are condensed into one summary line.",
+    )
+    history_summary_chars: int = Field(default=240, ge=64, le=4096, description="Longest summary line for condensed turns.")
+    watchdog_stall_s: float = Field(
+        default=30.0, ge=0, description="Exit (for the supervisor to restart) when an engine call makes no progress "
+        "for this long; 0 turns the watchdog off.",
+    )
+    fault_stall_after_tokens: int | None = Field(
+        default=None, ge=0, description="Chaos testing only: every engine call hangs forever after this many tokens, "
+        "as a stuck kernel would (exercises deadlines and the watchdog). Never set in production.",
     )
 
     @model_validator(mode="after")
@@ -179,6 +201,25 @@ class CompletionRequest(_GenerationRequest):
     prompt: StrictStr | Annotated[list[StrictStr], Field(min_length=1, max_length=1)] = Field(
         description="Raw prompt text (a list of exactly one string is accepted too)."
     )
+
+
+class FeedbackTimings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ttft_ms: float | None = Field(default=None, ge=0, description="Send to first token, as the browser saw it.")
+    total_ms: float | None = Field(default=None, ge=0, description="Send to end of stream, as the browser saw it.")
+    tokens: StrictInt | None = Field(default=None, ge=0, description="Completion tokens (from the stream's usage).")
+
+
+class Feedback(_Request):
+    """What the chat page's buttons post: the verdict, the conversation and what the user waited."""
+
+    feedback: Literal["wrong_answer", "slow", "no_response"] = Field(description="The button pressed.")
+    request_id: StrictStr | None = Field(default=None, max_length=128, description="id of the answer judged (links the request record).")
+    conversation_id: StrictStr | None = Field(default=None, max_length=128, description="The page's conversation id.")
+    messages: list[ChatMessage] = Field(default_factory=list, max_length=256, description="The conversation as shown.")
+    response: StrictStr | None = Field(default=None, description="The answer as shown (may be partial or empty).")
+    timings: FeedbackTimings = Field(default_factory=FeedbackTimings, description="Client-side timings of the answer.")
+    comment: StrictStr | None = Field(default=None, max_length=2000, description="Optional free text.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -350,6 +391,14 @@ class Metrics:
         self.in_flight = Gauge("edgeflow_requests_in_flight", "Generations holding a slot (running).", registry=r)
         self.queue_depth = Gauge("edgeflow_queue_depth", "Requests waiting for a slot.", registry=r)
         self.engine = Info("edgeflow_engine", "The engine being served.", registry=r)
+        self.feedback = Counter(
+            "edgeflow_feedback", "Feedback sent from the chat page, by kind.", ["kind"], registry=r
+        )
+        self.restarts = Gauge(
+            "edgeflow_server_restarts",
+            "Times the supervisor restarted this server (watchdog exits and crashes) since the deploy started it.",
+            registry=r,
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -406,6 +455,24 @@ class Runtime:
         self.probe_ids = self.tokenizer("Hello", add_special_tokens=False)["input_ids"] or [self.stop_ids[0]]
         self.executor = ThreadPoolExecutor(max_workers=settings.max_concurrency + 1, thread_name_prefix="engine")
         self._probe: asyncio.Future | None = None
+        self.watchdog = Watchdog(settings.watchdog_stall_s)
+
+    def generate(self, input_ids: list[int], max_new_tokens: int, stop_ids: list[int]) -> Iterator[int]:
+        """`backend.generate`, with the watchdog told about every token; every engine call goes through here."""
+        call = self.watchdog.begin()
+        gen = self.backend.generate(self.session, input_ids, max_new_tokens, stop_ids)
+        stall_after = self.settings.fault_stall_after_tokens
+        try:
+            for i, token in enumerate(gen):
+                if stall_after is not None and i >= stall_after:
+                    threading.Event().wait()  # chaos: hang the way a stuck kernel does (never returns)
+                self.watchdog.progress(call)
+                yield token
+        finally:
+            self.watchdog.end(call)
+            close = getattr(gen, "close", None)
+            if close:
+                close()
 
     def _stop_ids(self) -> list[int]:
         ids = set()
@@ -442,13 +509,11 @@ class Runtime:
 
     def _generate_n(self, n: int) -> int:
         # No stop ids: the probe must exercise a real decode step even if the model would stop.
-        gen = self.backend.generate(self.session, list(self.probe_ids), n, [])
+        gen = self.generate(list(self.probe_ids), n, [])
         try:
             return len(list(itertools.islice(gen, n)))
         finally:
-            close = getattr(gen, "close", None)
-            if close:
-                close()
+            gen.close()
 
     async def probe(self) -> float:
         """One-token generation in the engine executor; seconds taken. Single flight: concurrent
@@ -528,6 +593,11 @@ class Generation:
     def cancel(self) -> None:
         self.cancelled.set()
 
+    def fail(self, reason: str) -> None:
+        """End the consumer with an engine error now, even if the engine thread is stuck."""
+        self.cancelled.set()
+        self._post(("error", reason))
+
     def _post(self, item: tuple) -> None:
         with contextlib.suppress(RuntimeError):  # loop already closed at shutdown
             self.loop.call_soon_threadsafe(self.events.put_nowait, item)
@@ -535,9 +605,7 @@ class Generation:
     def _run(self) -> None:
         gen = None
         try:
-            gen = self.runtime.backend.generate(
-                self.runtime.session, self.input_ids, self.max_new_tokens, self.runtime.stop_ids
-            )
+            gen = self.runtime.generate(self.input_ids, self.max_new_tokens, self.runtime.stop_ids)
             for token in gen:
                 if self.cancelled.is_set():
                     break
@@ -634,6 +702,8 @@ class RequestRecord:
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
         self.done = False
+        self.condensed_turns = 0
+        self.conversation_id: str | None = None
 
     def token(self, t: float) -> None:
         if self.first_token_at is None:
@@ -661,6 +731,7 @@ class RequestRecord:
                     "ts": _utc_now(),
                     "id": self.id,
                     "kind": "request",
+                    "conversation_id": self.conversation_id,
                     "endpoint": self.endpoint,
                     "model": self.model,
                     "engine_version": self.state.runtime.engine_version,
@@ -671,6 +742,7 @@ class RequestRecord:
                     "error": self.error,
                     "prompt_tokens": self.prompt_tokens,
                     "completion_tokens": self.completion_tokens,
+                    "condensed_turns": self.condensed_turns,
                     "ttft_ms": None if self.first_token_at is None else round((self.first_token_at - self.started) * 1000, 2),
                     "duration_ms": round((now - self.started) * 1000, 2),
                 }
@@ -700,6 +772,14 @@ class AppState:
         self.metrics.engine.info(
             {"backend": runtime.meta["backend"], "engine_version": runtime.engine_version, "model": settings.model_name or ""}
         )
+        restarts = os.environ.get("EDGEFLOW_SERVER_RESTARTS", "0")
+        self.metrics.restarts.set(int(restarts) if restarts.isdigit() else 0)
+
+    def engine_stalled(self, reason: str) -> None:
+        """The watchdog fired: fail the probes and end every open generation with the reason."""
+        self.runtime.state, self.runtime.reason = "failed", reason
+        for gen in list(self.generations):
+            gen.fail(reason)
 
 
 # --------------------------------------------------------------------------------------------
@@ -759,6 +839,7 @@ async def _handle(request: Request, state: AppState, endpoint: str) -> Response:
     s = state.settings
     rt = state.runtime
     rec = RequestRecord(state, endpoint, "chatcmpl" if chat else "cmpl")
+    rec.conversation_id = (request.headers.get("x-conversation-id") or "")[:128] or None
     state.metrics.received.labels(endpoint=endpoint).inc()
     try:
         body = await _read_json(request, s.max_body_bytes)
@@ -788,7 +869,7 @@ async def _handle(request: Request, state: AppState, endpoint: str) -> Response:
             )
         if rt.state != "ready":
             raise ApiError(503, f"model not ready: {rt.reason}", code="not_ready", headers={"Retry-After": "5"})
-        prompt_ids = _prompt_ids(rt, req, chat)
+        prompt_ids = _prompt_ids(rt, req, chat, rec)
         rec.prompt_tokens = len(prompt_ids)
         param = "messages" if chat else "prompt"
         if not prompt_ids:
@@ -850,12 +931,14 @@ async def _handle(request: Request, state: AppState, endpoint: str) -> Response:
     return await _complete(request, state, rec, gen, decoder, chat, max_tokens)
 
 
-def _prompt_ids(rt: Runtime, req: ChatRequest | CompletionRequest, chat: bool) -> list[int]:
+def _prompt_ids(rt: Runtime, req: ChatRequest | CompletionRequest, chat: bool, rec: RequestRecord) -> list[int]:
     # Tokenizer calls stay on the event loop thread: HF fast tokenizers are not safe to call
     # from several threads at once ("Already borrowed"), and a 1 MiB body encodes in ~0.1 s.
     tok = rt.tokenizer
     if chat:
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        kept = condense(messages, rt.settings.history_turns, rt.settings.history_summary_chars)
+        messages, rec.condensed_turns = kept.messages, kept.condensed_turns
         try:
             text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         except Exception as e:  # noqa: BLE001 - template errors (e.g. role order) are the client's
@@ -1021,10 +1104,13 @@ def create_app(engine_dir: Path, settings: ServerSettings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        loop = asyncio.get_running_loop()
+        runtime.watchdog.start(on_stall=lambda reason: loop.call_soon_threadsafe(state.engine_stalled, reason))
         loader = asyncio.create_task(runtime.load())
         try:
             yield
         finally:
+            runtime.watchdog.stop()
             loader.cancel()
             for gen in list(state.generations):
                 gen.cancel()
@@ -1088,6 +1174,28 @@ def create_app(engine_dir: Path, settings: ServerSettings) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/")
+    async def chat_page() -> Response:
+        page = CHAT_PAGE.read_text(encoding="utf-8").replace("{{MODEL}}", json.dumps(settings.model_name).replace("<", "\\u003c"))
+        return Response(page, media_type="text/html; charset=utf-8", headers={"Cache-Control": "no-cache"})
+
+    @app.post("/feedback")
+    async def feedback(request: Request) -> JSONResponse:
+        try:
+            fb = Feedback.model_validate(await _read_json(request, settings.max_body_bytes))
+        except ValidationError as e:
+            return _validation_error(e).response()
+        except ApiError as e:
+            return e.response()
+        state.metrics.feedback.labels(kind=fb.feedback).inc()
+        record_id = f"fb-{uuid.uuid4().hex}"
+        if state.access_log is not None:
+            state.access_log.write({
+                "ts": _utc_now(), "id": record_id, "kind": "feedback", "engine_version": runtime.engine_version,
+                "model": settings.model_name, **fb.model_dump(mode="json"),
+            })
+        return JSONResponse({"status": "recorded", "id": record_id, "access_log": state.access_log is not None})
 
     return app
 

@@ -197,7 +197,10 @@ def start_server(profile: Profile, engine_dir: Path, version: str, port: int) ->
         _stop_pid(int(stale.read_text().split()[0]))
     access_log = device_dir(profile) / "access_logs" / "access.jsonl"
     access_log.parent.mkdir(parents=True, exist_ok=True)
+    # Under the supervisor: a server its watchdog ends (engine stalled) or that crashes comes back on
+    # the same port; a bad engine or bad settings (exit 2) ends the supervisor at once, failing the deploy.
     return _spawn(profile, name, [
+        sys.executable, "-m", "serving.supervisor", "--",
         sys.executable, "-m", "serving.server",
         "--engine", str(engine_dir),
         "--host", "127.0.0.1",  # side ports are reached through the proxy only

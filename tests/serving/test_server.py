@@ -65,9 +65,9 @@ def oai(server):
     return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
 
 
-def _post(url: str, body, **kw) -> httpx.Response:
+def _post(url: str, body, headers: dict[str, str] | None = None, **kw) -> httpx.Response:
     content = body if isinstance(body, bytes | str) else json.dumps(body)
-    r = httpx.post(url, content=content, headers={"content-type": "application/json"}, timeout=30, **kw)
+    r = httpx.post(url, content=content, headers={"content-type": "application/json", **(headers or {})}, timeout=30, **kw)
     assert not (r.status_code == 200 and not r.content), f"200 with an empty body from {url}"
     return r
 
@@ -236,6 +236,52 @@ def test_access_log_line(server):
     _post(f"{server.url}/v1/chat/completions", _chat(max_tokens=10_000))
     last = json.loads(server.settings.access_log.read_text().splitlines()[-1])
     assert last["status"] == 400 and "max_tokens_limit" in last["error"]
+
+
+def _long_chat(turns: int) -> list[dict[str, str]]:
+    msgs = []
+    for i in range(turns - 1):
+        msgs += [{"role": "user", "content": "Is tea green?"}, {"role": "assistant", "content": "Yes, it is."}]
+    return msgs + [{"role": "user", "content": "And coffee?"}]
+
+
+def test_long_chats_keep_the_last_turns_and_condense_the_rest(server, engine_dir):
+    """60 turns do not fit max_prompt_tokens=200; with history_turns=4 the server keeps 4 and summarises 56."""
+    messages = _long_chat(60)
+    r = _post(f"{server.url}/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 4},
+              headers={"X-Conversation-Id": "conv-long"})
+    assert r.status_code == 200, r.text
+    rec = next(json.loads(x) for x in server.settings.access_log.read_text().splitlines() if r.json()["id"] in x)
+    assert rec["condensed_turns"] == 56 and rec["conversation_id"] == "conv-long"
+    assert rec["messages"] == messages  # the log keeps what the client sent
+    assert rec["prompt_tokens"] <= server.settings.max_prompt_tokens
+    # a server keeping every turn refuses the same chat, naming the limit
+    with LiveServer(engine_dir, model_name=MODEL, max_prompt_tokens=200, max_context=300, history_turns=1000) as full:
+        r = _post(f"{full.url}/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 4})
+        assert r.status_code == 400 and "max_prompt_tokens=200" in r.json()["error"]["message"]
+
+
+def test_feedback_lands_in_the_access_log_and_metrics(server):
+    answer = _post(f"{server.url}/v1/chat/completions", _chat("Name a fruit.", max_tokens=4)).json()
+    before = _metrics(server.url).get("edgeflow_feedback_total{kind=slow}", 0)
+    fb = {"feedback": "slow", "request_id": answer["id"], "conversation_id": "conv-1",
+          "messages": [{"role": "user", "content": "Name a fruit."}], "response": answer["choices"][0]["message"]["content"],
+          "timings": {"ttft_ms": 12.5, "total_ms": 80.0, "tokens": 4}}
+    r = _post(f"{server.url}/feedback", fb)
+    assert r.status_code == 200 and r.json()["status"] == "recorded" and r.json()["access_log"] is True
+    rec = json.loads(server.settings.access_log.read_text().splitlines()[-1])
+    assert rec["kind"] == "feedback" and rec["id"] == r.json()["id"]
+    assert {k: rec[k] for k in fb} == fb and rec["engine_version"] == answer["system_fingerprint"]
+    assert _metrics(server.url)["edgeflow_feedback_total{kind=slow}"] == before + 1
+    bad = _post(f"{server.url}/feedback", {**fb, "feedback": "meh"})
+    assert bad.status_code == 422 and "feedback" in bad.json()["error"]["message"]
+    assert _post(f"{server.url}/feedback", b"{").status_code == 400
+
+
+def test_chat_page_is_served_with_the_model_name(server):
+    r = httpx.get(f"{server.url}/", timeout=10)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert f'const MODEL = "{MODEL}";' in r.text and "/feedback" in r.text
 
 
 def test_access_log_rotation(tmp_path):

@@ -1,0 +1,79 @@
+"""The chat page in a real headless Chromium: type, watch tokens stream, click feedback, find the record."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.live_server import LiveServer
+
+CHROMIUM = Path(os.environ.get("EDGEFLOW_CHROMIUM", "/usr/bin/chromium"))
+# Debian's chromium, driven by Playwright (never `playwright install`: no downloads at test time).
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+MODEL = "tiny-edge"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        if os.environ.get("EDGEFLOW_REQUIRE_BROWSER"):
+            pytest.fail(f"{CHROMIUM} not found and EDGEFLOW_REQUIRE_BROWSER is set: apt-get install chromium")
+        pytest.skip(f"{CHROMIUM} not found (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def test_type_see_tokens_stream_click_feedback_and_find_the_record(browser, engine_dir, tmp_path):
+    access = tmp_path / "access.jsonl"
+    with LiveServer(engine_dir, model_name=MODEL, access_log=access, max_tokens_limit=40) as server:
+        page = browser.new_page()
+        page.goto(server.url + "/")
+        page.wait_for_function("document.getElementById('status').textContent === 'ready'", timeout=30_000)
+        assert page.text_content("#model") == MODEL
+        # Record every change of the answer's text as it happens, from inside the page.
+        page.evaluate("""() => {
+            window.samples = [];
+            new MutationObserver(() => {
+                const el = document.querySelector('.assistant .text');
+                if (el) window.samples.push([performance.now(), el.textContent.length]);
+            }).observe(document.getElementById('log'), {subtree: true, childList: true, characterData: true});
+        }""")
+        page.fill("#input", "Tell me about green tea.")
+        page.keyboard.press("Enter")
+        page.wait_for_selector(".assistant[data-state='done']", timeout=60_000)
+
+        samples = page.evaluate("window.samples")
+        lengths = sorted({n for _, n in samples if n > 0})
+        # streamed: the answer grew in many visible steps over time, not in one final paint
+        assert len(lengths) >= 5, samples
+        grow = [t for t, n in samples if n > 0]
+        assert grow[-1] - grow[0] > 0, samples
+        shown = page.text_content(".assistant .text")
+        request_id = page.get_attribute(".assistant", "data-request-id")
+        assert shown and request_id.startswith("chatcmpl-")
+        assert "first token" in page.text_content(".assistant .timings")
+
+        page.click(".assistant button[data-kind='wrong_answer']")
+        page.wait_for_selector(".feedback-status", timeout=10_000)
+        assert page.text_content(".feedback-status") == "thanks, recorded"
+        assert page.is_disabled(".assistant button[data-kind='slow']")  # one verdict per answer
+        page.close()
+
+    records = [json.loads(line) for line in access.read_text().splitlines()]
+    request = next(r for r in records if r["id"] == request_id)
+    feedback = next(r for r in records if r["kind"] == "feedback")
+    assert request["kind"] == "request" and request["status"] == 200 and request["response"] == shown
+    assert request["messages"] == [{"role": "user", "content": "Tell me about green tea."}]
+    assert feedback["feedback"] == "wrong_answer" and feedback["request_id"] == request_id
+    assert feedback["conversation_id"] == request["conversation_id"] and feedback["conversation_id"].startswith("conv-")
+    assert feedback["response"] == shown and feedback["messages"] == request["messages"]
+    assert feedback["timings"]["ttft_ms"] > 0 and feedback["timings"]["total_ms"] >= feedback["timings"]["ttft_ms"]
+    assert feedback["timings"]["tokens"] == request["completion_tokens"]
+    assert feedback["engine_version"] == request["engine_version"]
