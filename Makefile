@@ -35,3 +35,10 @@ down:
 
 clean: down
 	rm -rf .edgeflow reports
+
+# Kubernetes work pools from infra/kubernetes/*.json on the Prefect server at PREFECT_API_URL (not the demo's):
+#   make k8s-pools K8S_POOLS_ARGS="--set a100.image=REGISTRY/edgeflow:TAG-cuda12 --set cpu.image=REGISTRY/edgeflow:TAG-cpu"
+# Never part of `make test` or CI (the script refuses when CI is set); see infra/kubernetes/README.md.
+.PHONY: k8s-pools
+k8s-pools: venv
+	$(PY) infra/kubernetes/create_pools.py $(K8S_POOLS_ARGS)
