@@ -13,7 +13,7 @@ from prefect import flow, task
 
 from tasks.artifacts import ArtifactRef, write_manifest
 from tasks.config import load_profile
-from tasks.runs import ReleaseContext, stage_run
+from tasks.runs import ReleaseContext, content_key, stage_run
 
 
 def _link_tree(src: Path, dst: Path) -> None:
@@ -38,13 +38,18 @@ def choose_staging(rows: list[dict]) -> dict | None:
     return min(passing, key=lambda r: (r["size_mb"], -r["top1_agreement"])) if passing else None
 
 
-@task
-def register_passing(gate_report: ArtifactRef, lineage: dict[str, ArtifactRef], ctx: ReleaseContext) -> dict:
+# Cached like the stages before it: a retried or re-run release whose gate report and lineage did not
+# change gets the versions registered the first time instead of a duplicate set (the model name is part
+# of the key, so the same report under another registered model registers anew).
+@task(cache_key_fn=content_key, persist_result=True)
+def register_passing(
+    gate_report: ArtifactRef, lineage: dict[str, ArtifactRef], ctx: ReleaseContext, model_name: str | None = None
+) -> dict:
     """Register passing variants with lineage tags and move `staging` to the best one."""
-    from tasks.registry import alias_version, register_version
+    from tasks.registry import GATE_REPORT_TAG, alias_version, gate_report_link, register_version
 
     profile = load_profile(ctx.profile)
-    name = profile.registry.model_name
+    name = model_name or profile.registry.model_name
     report = json.loads(gate_report.path.read_text())
     rows = report["rows"]
     lin = {k: v.model_dump() for k, v in lineage.items()}
@@ -73,6 +78,7 @@ def register_passing(gate_report: ArtifactRef, lineage: dict[str, ArtifactRef], 
                     "edgeflow.gate.kl": str(row["kl"]),
                     "edgeflow.gate.ppl": str(row["ppl"]),
                     "edgeflow.gate.passed": "true",
+                    GATE_REPORT_TAG: gate_report_link(gate_report),
                 },
             )
         best = choose_staging(rows)
@@ -94,4 +100,4 @@ def register_passing(gate_report: ArtifactRef, lineage: dict[str, ArtifactRef], 
 @flow(name="register", log_prints=True)
 def register(profile: str, ctx: ReleaseContext, gate_report: ArtifactRef, lineage: dict[str, ArtifactRef]) -> dict:
     """Gate report in, registered versions and the `staging` alias out."""
-    return register_passing(gate_report, lineage, ctx)
+    return register_passing(gate_report, lineage, ctx, load_profile(profile).registry.model_name)

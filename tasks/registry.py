@@ -6,7 +6,17 @@ from pathlib import Path
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
+from tasks.artifacts import ArtifactRef
 from tasks.runs import tracking_uri
+
+# Version tag linking a registered version to the gate report that let it in (see gate_report_link).
+GATE_REPORT_TAG = "edgeflow.gate_report"
+
+
+def gate_report_link(gate_report: ArtifactRef) -> str:
+    """`runs:/<consistency run>/gate/<file>`: where the consistency stage logged this gate report."""
+    # flows/consistency.py logs the report under the artifact path "gate", keeping its file name.
+    return f"runs:/{gate_report.mlflow_run_id}/gate/{gate_report.path.name}"
 
 
 def client() -> MlflowClient:
@@ -33,6 +43,23 @@ def alias_version(c: MlflowClient, name: str, alias: str) -> str | None:
         return c.get_model_version_by_alias(name, alias).version
     except MlflowException:
         return None
+
+
+def split_runs_uri(uri: str) -> tuple[str, str]:
+    """`runs:/<run_id>/<path>` -> (run_id, path); ValueError for anything else."""
+    run_id, _, path = uri.removeprefix("runs:/").partition("/")
+    if not uri.startswith("runs:/") or not run_id or not path:
+        raise ValueError(f"{uri!r} is not a runs:/<run_id>/<path> URI")
+    return run_id, path
+
+
+def load_run_json(c: MlflowClient, run_id: str, path: str) -> dict:
+    """One small JSON artifact of a run, read through the client's own tracking server."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return json.loads(Path(c.download_artifacts(run_id, path, tmp)).read_text())
 
 
 def download(name: str, alias: str, dest: Path) -> tuple[str, Path]:

@@ -58,4 +58,18 @@ def markdown(report: dict) -> str:
         d = report["deploy"]
         out += ["", "## Deployment", "", f"Server {d['url']} (version {d['version']}, {d['engine_binding']}).", "",
                 f"Smoke answer: {report['smoke_answer']!r}"]
+    if report.get("staging_version"):
+        out += ["", lineage_section(report).rstrip("\n")]
     return "\n".join(out) + "\n"
+
+
+def lineage_section(report: dict) -> str:
+    """The staged version's lineage read back from MLflow (tasks/lineage.py), or why it could not be read."""
+    from tasks.config import load_profile
+    from tasks.lineage import lineage
+    from tasks.registry import client
+
+    try:
+        return lineage(client(), load_profile(report["profile"]).registry.model_name, report["staging_version"]).render_markdown()
+    except Exception as e:  # noqa: BLE001 - a report is written even when lineage cannot be traced; it says why instead
+        return f"## Lineage\n\nversion {report['staging_version']} could not be traced: {type(e).__name__}: {e}\n"

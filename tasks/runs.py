@@ -1,15 +1,17 @@
 """Release context, MLflow stage runs and content-hash cache keys shared by every stage."""
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.artifacts import ArtifactRef, sha256_json
+from tasks.artifacts import ArtifactRef, sha256_json, sha256_tree
 
 
 class ReleaseContext(BaseModel):
@@ -84,6 +86,24 @@ def stage_run(ctx: ReleaseContext, stage: str, params: dict | None = None) -> It
     client.log_metric(run_id, "stage_wall_s", time.perf_counter() - t0)
     client.log_metric(run_id, "stage_peak_rss_mb", peak.mb)
     client.set_terminated(run_id, "FINISHED")
+
+
+# Distill-run tag: {training file: sha256}. Training files are inputs, not outputs, so no ArtifactRef
+# carries their content hash; without this tag lineage could name the files but not what they held.
+TRAINING_SET_TAG = "edgeflow.training_set"
+
+
+def log_training_set(client: Any, run_id: str, files: list[Path]) -> dict[str, str]:
+    """Tag the distill run with each training file's sha256; returns {path: sha256}."""
+    hashes = {str(f): sha256_tree(f) for f in files}
+    client.set_tag(run_id, TRAINING_SET_TAG, json.dumps(hashes, sort_keys=True))
+    return hashes
+
+
+def training_set(run: Any) -> dict[str, str] | None:
+    """The {path: sha256} a distill run recorded with log_training_set, or None if it recorded none."""
+    raw = run.data.tags.get(TRAINING_SET_TAG)
+    return json.loads(raw) if raw else None
 
 
 class _PeakRSS:
