@@ -1,15 +1,17 @@
-"""Distill stage: frozen teacher -> layer-dropped student.
+"""Distill stage: frozen teacher -> student (layer-dropped, or from distill.student_from).
 
 Tiny CPU run (with services up): python -m flows.release --profile configs/test-tiny.yaml
 """
 from __future__ import annotations
+
+import time
 
 from prefect import flow, task
 
 from tasks.artifacts import ArtifactRef, sha256_json, sha256_tree
 from tasks.config import DistillConfig, load_profile
 from tasks.model_source import ensure_teacher
-from tasks.runs import ReleaseContext, content_key, stage_run
+from tasks.runs import ReleaseContext, content_key, log_training_set, stage_run
 
 
 @task
@@ -18,29 +20,67 @@ def resolve_teacher(profile: str) -> ArtifactRef:
     return ensure_teacher(load_profile(profile))
 
 
+def student_source(profile: str) -> ArtifactRef | None:
+    """distill.student_from as a hashed reference (so the stage's cache key follows its content), or None."""
+    p = load_profile(profile)
+    if p.distill.student_from is None:
+        return None
+    path = p.resolve(p.distill.student_from)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"distill.student_from={p.distill.student_from} is not a directory ({path}); point it at a saved model or config "
+            "directory (paths are relative to the repository root)"
+        )
+    return ArtifactRef(kind="student-source", uri=str(path), sha256=sha256_tree(path))
+
+
+@task
+def resolve_student_source(profile: str) -> ArtifactRef | None:
+    """Hash distill.student_from when the profile sets it."""
+    return student_source(profile)
+
+
+def mlflow_step_logger(client, run_id: str):
+    """A `log(step, metrics)` callback writing one MLflow batch per call (one request per step, not per metric)."""
+    from mlflow.entities import Metric
+
+    def log(step: int, metrics: dict[str, float]) -> None:
+        ts = int(time.time() * 1000)
+        batch = [Metric(k, float(v), ts, step) for k, v in metrics.items() if k != "step" and isinstance(v, (int, float))]
+        if batch:
+            client.log_batch(run_id, metrics=batch)
+
+    return log
+
+
 @task(cache_key_fn=content_key, persist_result=True)
-def train_student(teacher: ArtifactRef, cfg: DistillConfig, eval_sources: dict[str, str], ctx: ReleaseContext) -> ArtifactRef:
-    """Train the student with α·KL·T² + (1−α)·CE and log curves, metrics and weights to MLflow."""
+def train_student(teacher: ArtifactRef, cfg: DistillConfig, eval_sources: dict[str, str], ctx: ReleaseContext,
+                  student_from: ArtifactRef | None = None) -> ArtifactRef:
+    """Train the student with α·KL·T² + (1−α)·CE (+ β·hidden MSE) and log curves, metrics and weights to MLflow."""
     from tasks.distill import run_distill
     from tasks.evaluation.gate import eval_texts
 
     from transformers import AutoTokenizer
 
     profile = load_profile(ctx.profile)
-    out = profile.work / "artifacts" / "student" / f"{teacher.sha256[:12]}-{sha256_json(cfg.model_dump())[:12]}"
+    identity = [teacher.sha256, sha256_json(cfg.model_dump())] + ([student_from.sha256] if student_from else [])
+    out = profile.work / "artifacts" / "student" / f"{teacher.sha256[:12]}-{sha256_json(identity)[:12]}"
     tok = AutoTokenizer.from_pretrained(teacher.uri)
     held_out = eval_texts({k: profile.resolve(v) for k, v in eval_sources.items()}, 24, tok)
-    with stage_run(ctx, "distill", cfg.model_dump() | {"teacher_sha256": teacher.sha256}) as (client, run_id):
+    params = cfg.model_dump() | {"teacher_sha256": teacher.sha256} | ({"student_from_sha256": student_from.sha256} if student_from else {})
+    with stage_run(ctx, "distill", params) as (client, run_id):
+        log_training_set(client, run_id, [profile.resolve(c) for c in cfg.corpora])
         metrics = run_distill(
-            teacher.path, cfg, [profile.resolve(c) for c in cfg.corpora], held_out, out,
-            log=lambda step, m: [client.log_metric(run_id, k, v, step=step) for k, v in m.items() if k != "step"],
+            teacher.path, cfg, [profile.resolve(c) for c in cfg.corpora], held_out, out, profile.work,
+            student_from=student_from.path if student_from else None, log=mlflow_step_logger(client, run_id),
         )
         history = metrics.pop("history")
         for k, v in metrics.items():
-            client.log_metric(run_id, f"final_{k}" if k in ("lr",) else k, float(v))
+            client.log_metric(run_id, k, float(v))
         client.log_dict(run_id, {"history": history}, "distill_history.json")
         client.log_artifacts(run_id, str(out), "student")
-        return ArtifactRef(kind="student", uri=str(out), sha256=sha256_tree(out), mlflow_run_id=run_id, meta=metrics | {"teacher": teacher.model_dump()})
+        return ArtifactRef(kind="student", uri=str(out), sha256=sha256_tree(out), mlflow_run_id=run_id,
+                           meta=metrics | {"teacher": teacher.model_dump()})
 
 
 @flow(name="distill", log_prints=True)
@@ -48,4 +88,4 @@ def distill(profile: str, ctx: ReleaseContext) -> ArtifactRef:
     """Teacher in, trained student out."""
     p = load_profile(profile)
     teacher = resolve_teacher(profile)
-    return train_student(teacher, p.distill, p.gate.eval_sources, ctx)
+    return train_student(teacher, p.distill, p.gate.eval_sources, ctx, resolve_student_source(profile))
