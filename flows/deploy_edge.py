@@ -27,6 +27,17 @@ def fetch(profile: str, alias: str) -> tuple[str, str]:
 
 
 @task
+def check_serving(profile: str, version: str, package: str) -> dict | None:
+    """Is this exact version already serving here, proxied and healthy? (then there is nothing to roll out)"""
+    from tasks.deploy import already_serving, public_url, smoke_chat
+
+    p = load_profile(profile)
+    serving = already_serving(p, version, Path(package))
+    # still prove the stable port answers a chat, as a real rollout would
+    return serving and serving | {"smoke_answer": smoke_chat(public_url(p), p.registry.model_name, p.deploy.smoke_prompt)}
+
+
+@task
 def bind_engine(profile: str, package: str) -> tuple[str, str]:
     """Check the shipped engine against this device, or build one here from the checkpoint."""
     from tasks.deploy import engine_for_device
@@ -63,7 +74,7 @@ def record(profile: str, alias: str, outcome: dict) -> None:
 
 
 @flow(name="deploy-edge", log_prints=True)
-def deploy_edge(profile: str, alias: str = "staging") -> dict:
+def deploy_edge(profile: str, alias: str = "staging", force: bool = False) -> dict:
     """Registered version in, a healthy server behind the stable port out (or the old one, untouched)."""
     from prefect.runtime import flow_run
 
@@ -73,6 +84,14 @@ def deploy_edge(profile: str, alias: str = "staging") -> dict:
     try:
         version, package = fetch(profile, alias)
         outcome["version"] = version
+        serving = None if force else check_serving(profile, version, package)
+        if serving:
+            # Nothing to roll out: record the (successful, unchanged) deployment and leave the device alone.
+            result = {"url": public_url(load_profile(profile)), "version": version, "unchanged": True,
+                      "engine_binding": f"already serving version {version} on port {serving['port']} (healthy)",
+                      "smoke_answer": serving["smoke_answer"], "health": serving["health"], "side_port": serving["port"]}
+            record(profile, alias, outcome | {"status": "FINISHED"} | result)
+            return result | {"alias": alias}
         engine, how = bind_engine(profile, package)
         candidate = start_candidate(profile, engine, version, package)
         switched = switch_traffic(profile, candidate)
@@ -108,5 +127,6 @@ if __name__ == "__main__":
     ap.add_argument("--profile", default="configs/demo-cpu.yaml")
     ap.add_argument("--alias", default="staging")
     ap.add_argument("--rollback", action="store_true", help="serve the previous version instead")
+    ap.add_argument("--force", action="store_true", help="roll out even if this version already serves here")
     a = ap.parse_args()
-    print(rollback_edge(a.profile) if a.rollback else deploy_edge(a.profile, a.alias))
+    print(rollback_edge(a.profile) if a.rollback else deploy_edge(a.profile, a.alias, a.force))

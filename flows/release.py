@@ -137,15 +137,15 @@ def write_report(
     return report
 
 
-@flow(name="release", log_prints=True)
-def release(profile: str = "configs/demo-cpu.yaml", deploy: Literal["pool", "inline", "none"] = "pool") -> dict:
-    """The whole chain on one profile; returns the report."""
-    p = load_profile(profile)  # fail on a bad profile before anything runs
-    ctx = open_release(profile)
-    student = distill(profile, ctx)
+def quantize_and_gate(profile: str, ctx: ReleaseContext, student: ArtifactRef) -> tuple[ArtifactRef, ArtifactRef, list[dict]]:
+    """calibrate → quantize → build engines → gate, recalibrating while no variant passes.
+
+    Bounded recalibration: when no variant meets the bar, try again with a larger calibration set
+    (each attempt's stages are their own MLflow runs), at most gate.recalibration_attempts times.
+    Returns the last attempt's gate report and calibration set, and every attempt's summary.
+    """
+    p = load_profile(profile)
     attempts = []
-    # Bounded recalibration: when no variant meets the bar, try again with a larger calibration set
-    # (each attempt's stages are their own MLflow runs), at most gate.recalibration_attempts times.
     for attempt in range(p.gate.recalibration_attempts + 1):
         calibration = calibrate(profile, ctx, student, attempt)
         quantized = quantize(profile, ctx, student, calibration, attempt)
@@ -156,6 +156,16 @@ def release(profile: str = "configs/demo-cpu.yaml", deploy: Literal["pool", "inl
         if attempts[-1]["passed"]:
             break
         print(f"attempt {attempt}: no quantized variant met the bar ({attempts[-1]['best']})")
+    return gate_report, calibration, attempts
+
+
+@flow(name="release", log_prints=True)
+def release(profile: str = "configs/demo-cpu.yaml", deploy: Literal["pool", "inline", "none"] = "pool") -> dict:
+    """The whole chain on one profile; returns the report."""
+    load_profile(profile)  # fail on a bad profile before anything runs
+    ctx = open_release(profile)
+    student = distill(profile, ctx)
+    gate_report, calibration, attempts = quantize_and_gate(profile, ctx, student)
     teacher = ArtifactRef.model_validate(student.meta["teacher"])
     registry = register(profile, ctx, gate_report, {"teacher": teacher, "student": student, "calibration": calibration})
     deployed = None

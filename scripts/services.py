@@ -5,7 +5,8 @@
     python scripts/services.py env     # print the environment a shell needs to talk to them
 
 Ports and places come from the environment: EDGEFLOW_HOME (.edgeflow), EDGEFLOW_PREFECT_PORT (4200),
-EDGEFLOW_MLFLOW_PORT (5055), EDGEFLOW_POOLS (a100,orin,cpu).
+EDGEFLOW_MLFLOW_PORT (5055), EDGEFLOW_POOLS (a100,orin,cpu); EDGEFLOW_SCHEDULES=off pauses every
+deployment schedule after deploying (the tests' services).
 """
 from __future__ import annotations
 
@@ -112,6 +113,11 @@ def up() -> None:
     r = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env=os.environ | env, cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"prefect deploy --all failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    if os.environ.get("EDGEFLOW_SCHEDULES", "on") == "off":
+        # Test services: a cron that fires mid-test (the nightly at 02:30) would start a demo-sized run
+        # on the test workers; tests start every run themselves.
+        subprocess.run([str(BIN / "prefect"), "--no-prompt", "deployment", "schedule", "pause", "--all"],
+                       env=os.environ | env, cwd=REPO, check=True, capture_output=True)
     print(f"Prefect UI  {env['PREFECT_UI_URL']}\nMLflow UI   {env['MLFLOW_TRACKING_URI']}")
 
 

@@ -295,6 +295,26 @@ def smoke_chat(base_url: str, model: str, prompt: str, max_tokens: int = 48) -> 
     return answer
 
 
+def already_serving(profile: Profile, version: str, package: Path) -> dict | None:
+    """The current deployment if it is this version from this package, behind the proxy, and healthy now; else None.
+
+    A re-run release or nightly that changed nothing asks for the version the device already serves;
+    a second blue/green switch would only cost a cold start. Anything short of "same package, proxied,
+    deep probe passes" (a crashed server, a proxy pointing elsewhere) is a real deploy.
+    """
+    current = read_state(profile).get("current") or {}
+    if current.get("version") != version or Path(current.get("package", "")) != Path(package):
+        return None
+    try:
+        upstream = httpx.get(_control_url(profile), timeout=2).json().get("upstream")
+        if upstream != current.get("port"):
+            return None
+        health = httpx.get(f"http://127.0.0.1:{current['port']}/health", timeout=profile.deploy.health_timeout_s)
+    except (httpx.HTTPError, ValueError):
+        return None
+    return current | {"health": health.json()} if health.status_code == 200 else None
+
+
 def public_url(profile: Profile) -> str:
     """The stable URL clients use on this device."""
     host = "127.0.0.1" if profile.deploy.host in ("0.0.0.0", "::") else profile.deploy.host

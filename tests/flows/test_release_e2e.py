@@ -21,6 +21,7 @@ def services(tmp_path_factory, teacher_dir):
         "EDGEFLOW_HOME": str(home),
         "EDGEFLOW_PREFECT_PORT": os.environ.get("EDGEFLOW_TEST_PREFECT_PORT", "4310"),
         "EDGEFLOW_MLFLOW_PORT": os.environ.get("EDGEFLOW_TEST_MLFLOW_PORT", "5065"),
+        "EDGEFLOW_SCHEDULES": "off",  # the tests start every run; no nightly cron firing mid-test
     }
     # a fresh store per session: assertions count versions and aliases
     subprocess.run([sys.executable, "scripts/services.py", "down"], cwd=REPO, env=os.environ | env, check=False)
@@ -211,11 +212,17 @@ def test_bad_rollouts_under_load_never_break_serving_and_good_ones_switch_withou
             run_deployment("deploy-edge/deploy-edge", parameters={"profile": str(strict_path), "alias": "candidate-foreign"}, timeout=600),
         ]
         n_during_bad = len(load.results)
-        good = run_deployment("deploy-edge/deploy-edge", parameters={"profile": "configs/test-tiny.yaml", "alias": "staging"}, timeout=600)
+        # asking again for the version that already serves changes nothing on the device
+        same = run_deployment("deploy-edge/deploy-edge", parameters={"profile": "configs/test-tiny.yaml", "alias": "staging"}, timeout=600)
+        assert read_state(profile)["current"] == serving_before
+        # staging already serves: `force` rolls it out again through the full blue/green switch
+        good = run_deployment("deploy-edge/deploy-edge", parameters={"profile": "configs/test-tiny.yaml", "alias": "staging", "force": True}, timeout=600)
         after_good = read_state(profile)
         back = run_deployment("rollback-edge/rollback-edge", parameters={"profile": "configs/test-tiny.yaml"}, timeout=600)
     assert bad[0].state.is_failed() and "ChecksumError" in bad[0].state.message, bad[0].state.message
     assert bad[1].state.is_failed() and "build_on_device is false" in bad[1].state.message, bad[1].state.message
+    assert same.state.is_completed() and same.state.result()["unchanged"] is True, same.state.message
+    assert same.state.result()["smoke_answer"] is not None
     assert good.state.is_completed(), good.state.message
     assert back.state.is_completed(), back.state.message
 
@@ -292,3 +299,215 @@ def test_calibration_overlapping_the_eval_set_fails_before_quantization(services
     assert not any(s.startswith("quantize") for s in stages), "quantization must not start on a leaky calibration set"
     # the failure names the overlapping examples (the exception travels up as the release's state message)
     assert "overlap the calibration set" in fr.state.message and "eval[" in fr.state.message, fr.state.message
+
+
+def _stage_runs(c, experiment: str = "edgeflow-release") -> dict[str, int]:
+    """How many MLflow runs each stage has written so far: the stages' own side effects."""
+    from collections import Counter
+
+    exp = c.get_experiment_by_name(experiment)
+    runs = c.search_runs([exp.experiment_id], "tags.`edgeflow.stage` != ''", max_results=5000)
+    return dict(Counter(r.data.tags["edgeflow.stage"] for r in runs))
+
+
+def test_nightly_recalibration_over_access_logs_registers_and_moves_staging(services):
+    """The shipped day of access logs: cleaned, PII-scrubbed traffic becomes the chat third of a new calibration
+    set for the staging student (not retrained), and the new version takes `staging`."""
+    import pandas as pd
+    from mlflow import MlflowClient
+    from prefect.deployments import run_deployment
+
+    from tasks.config import load_profile
+
+    profile = load_profile(REPO / "configs" / "test-tiny.yaml")
+    name = profile.registry.model_name
+    c = MlflowClient(services["MLFLOW_TRACKING_URI"])
+    base = c.get_model_version_by_alias(name, "staging")
+    n_versions = len(c.search_model_versions(f"name = '{name}'"))
+    distills = _stage_runs(c).get("distill", 0)
+
+    fr = run_deployment("nightly-recalibration/nightly-recalibration", timeout=1800, parameters={
+        "profile": "configs/test-tiny.yaml", "until": "2026-11-30T00:00:00Z", "deploy": "none"})
+    assert fr.state.is_completed(), fr.state.message
+    report = fr.state.result()
+    assert report["status"] == "registered", report
+    traffic = report["traffic"]
+    assert traffic["since"] == "2026-11-29T00:00:00Z" and traffic["files"] == 1
+    assert traffic["kept"] >= profile.nightly.min_records and traffic["ingest"]["records_with_pii"] == 10
+    assert traffic["ingest"]["feedback"] == 3 and traffic["ingest"]["malformed"] == 5
+
+    new = c.get_model_version_by_alias(name, "staging")
+    assert int(new.version) > int(base.version) and len(c.search_model_versions(f"name = '{name}'")) > n_versions
+    assert new.tags["edgeflow.student_sha256"] == base.tags["edgeflow.student_sha256"]  # same student, re-quantized
+    assert new.tags["edgeflow.calibration_sha256"] != base.tags["edgeflow.calibration_sha256"]
+    assert _stage_runs(c).get("distill", 0) == distills
+    # the chat share of the calibration set is yesterday's traffic, scrubbed
+    calib = c.get_run(c.search_runs([c.get_experiment_by_name("edgeflow-release").experiment_id],
+                                    f"tags.`edgeflow.release_id` = '{report['release_id']}' and tags.`edgeflow.stage` = 'calibrate'")[0].info.run_id)
+    local = c.download_artifacts(calib.info.run_id, "calibration")
+    texts = pd.concat([pd.read_parquet(p) for p in Path(local).glob("*.parquet")])
+    chat = list(texts[texts["domain"] == "chat"]["text"])
+    snapshot = Path(traffic["snapshot"]).read_text()
+    asked = [m["content"][:50] for line in snapshot.splitlines() for m in json.loads(line)["messages"] if m["role"] == "user"]
+    shipped = [m["content"][:50] for line in (REPO / "data" / "corpora" / "chat.jsonl").read_text().splitlines()
+               for m in json.loads(line).get("messages", []) if m["role"] == "user"]
+    from_traffic = [c for c in chat if any(q in c for q in asked)]
+    # (samples are truncated to 64 tokens, so a few end inside the chat template's system prompt)
+    assert chat and len(from_traffic) >= len(chat) // 2, chat
+    assert not any(q in c for c in chat for q in shipped), "the chat share still comes from the shipped corpus"
+    assert "4111 1111 1111 1111" not in snapshot and "@example.com" not in snapshot and "[EMAIL]" in snapshot
+    assert Path(REPO, report["report"]).read_text().startswith("# Nightly recalibration: registered")
+
+
+def test_nightly_recalibration_without_logs_is_skipped_not_failed(services, tmp_path):
+    from mlflow import MlflowClient
+    from prefect.deployments import run_deployment
+
+    c = MlflowClient(services["MLFLOW_TRACKING_URI"])
+    staging = c.get_model_version_by_alias("edgeflow-test-tiny", "staging").version
+    empty = tmp_path / "logs"
+    empty.mkdir()
+    fr = run_deployment("nightly-recalibration/nightly-recalibration", timeout=600, parameters={
+        "profile": "configs/test-tiny.yaml", "logs_dir": str(empty), "deploy": "none"})
+    assert fr.state.is_completed(), fr.state.message
+    report = fr.state.result()
+    assert report["status"] == "skipped" and f"no access logs under {empty}" in report["reason"]
+    assert c.get_model_version_by_alias("edgeflow-test-tiny", "staging").version == staging
+    # a window with logs, but too few clean requests in it, is skipped too
+    fr = run_deployment("nightly-recalibration/nightly-recalibration", timeout=600, parameters={
+        "profile": "configs/test-tiny.yaml", "until": "2026-11-29T01:00:00Z", "deploy": "none"})
+    report = fr.state.result()
+    assert report["status"] == "skipped" and "nightly.min_records=32" in report["reason"], report
+
+
+def test_retry_in_the_prefect_ui_resumes_a_failed_release_without_recomputing(services, tmp_path):
+    """Change only the calibration mix and make the last stage (deploy) fail: distill is reused, calibrate..register
+    are recomputed once; then "Retry" in the real Prefect UI (headless Chromium) completes the same flow run
+    without running any of them again, counted from the MLflow runs each stage writes."""
+    import socket
+    import time
+
+    import yaml
+    from mlflow import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    from tasks.config import load_profile
+    from tasks.deploy import side_port
+    from tests.serving.test_chat_page import CHROMIUM, CHROMIUM_ARGS
+
+    if not CHROMIUM.exists() and not os.environ.get("EDGEFLOW_REQUIRE_BROWSER"):
+        pytest.skip(f"{CHROMIUM} not found (apt-get install chromium)")
+    data = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
+    data.setdefault("calibration", {})["ratios"] = {"chat": 4, "wiki": 4, "math": 2}  # only the mix changes
+    path = tmp_path / "mix.yaml"
+    path.write_text(yaml.safe_dump(data))
+    profile = load_profile(path)
+    c = MlflowClient(services["MLFLOW_TRACKING_URI"])
+    before = _stage_runs(c)
+
+    # A stray process holds the side port the candidate server needs: deploy-edge fails, the release fails.
+    blocker = socket.socket()
+    blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    blocker.bind(("127.0.0.1", side_port(profile)))
+    blocker.listen(1)
+    try:
+        fr = run_deployment("release/release", parameters={"profile": str(path), "deploy": "pool"}, timeout=1800)
+    finally:
+        blocker.close()
+    assert fr.state.is_failed(), fr.state
+    failed = _stage_runs(c)
+    assert failed.get("distill") == before.get("distill"), "a calibration-mix change must not retrain the student"
+    for stage in ("calibrate", "quantize-awq-w4a16", "quantize-gptq-w4a16", "consistency", "register"):
+        assert failed.get(stage, 0) == before.get(stage, 0) + 1, (stage, before, failed)
+
+    # Click "Retry" on the failed flow run in the Prefect UI.
+    from playwright.sync_api import sync_playwright
+
+    ui = services["PREFECT_UI_URL"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(f"{ui}/runs/flow-run/{fr.id}")
+        page.get_by_role("button", name="Retry").first.click(timeout=60_000)
+        # the confirmation modal ("Retry <run name>? ... Any task runs without a persisted result will be run
+        # again.") has its own Retry button, after the page's
+        page.get_by_text("persisted result").wait_for(timeout=30_000)
+        page.get_by_role("button", name="Retry").last.click(timeout=30_000)
+        page.get_by_text("persisted result").wait_for(state="hidden", timeout=30_000)
+        browser.close()
+
+    async def state():
+        async with get_client() as client:
+            return await client.read_flow_run(fr.id)
+
+    import asyncio
+
+    deadline = time.monotonic() + 1500
+    run = asyncio.run(state())
+    while time.monotonic() < deadline and not (run.state.is_final() and run.run_count >= 2):
+        time.sleep(5)
+        run = asyncio.run(state())
+    assert run.state.is_completed(), f"retried run ended {run.state.type}: {run.state.message}"
+    assert run.run_count == 2  # the same flow run, resumed, not a new one
+    assert _stage_runs(c) == failed, "the retry recomputed a stage whose inputs did not change"
+    # the deploy, the stage that failed, did run again: the first attempt failed, the retry's succeeded,
+    # and the device now serves the version the (not re-run) register stage put on `staging`
+    deploys = c.search_runs([c.get_experiment_by_name("edgeflow-deployments").experiment_id],
+                            order_by=["attributes.start_time DESC"], max_results=2)
+    assert [r.info.status for r in deploys] == ["FINISHED", "FAILED"], [(r.info.status, r.data.tags) for r in deploys]
+    staging = c.get_model_version_by_alias(profile.registry.model_name, "staging").version
+    assert deploys[0].data.tags["edgeflow.version"] == staging
+    assert deploys[1].data.tags["edgeflow.error"]  # the failed attempt says why
+
+
+def test_promotion_is_checked_and_rollback_serves_the_previous_version(services):
+    """production needs a passing gate and a successful deployment; rollback-production puts `previous` back on
+    `production` and on the device, and the stable port answers with it."""
+    import httpx
+    from mlflow import MlflowClient
+    from prefect.deployments import run_deployment
+
+    from tasks.config import load_profile
+    from tasks.deploy import read_state
+    from tasks.registry import register_version
+
+    profile = load_profile(REPO / "configs" / "test-tiny.yaml")
+    name = profile.registry.model_name
+    c = MlflowClient(services["MLFLOW_TRACKING_URI"])
+    deployed = [r for r in c.search_runs([c.get_experiment_by_name("edgeflow-deployments").experiment_id],
+                                         "attributes.status = 'FINISHED'", order_by=["attributes.start_time ASC"])
+                if r.data.tags["edgeflow.alias"] == "staging"]
+    first, latest = deployed[0].data.tags["edgeflow.version"], read_state(profile)["current"]["version"]
+    assert first != latest  # the release test's version, and the retried release's (serving now)
+
+    def promote(version: str):
+        return run_deployment("promote/promote", timeout=600, parameters={
+            "profile": "configs/test-tiny.yaml", "version": version, "to": "production"})
+
+    # a version no release gated: refused with the reason, nothing moves
+    staging = c.get_model_version_by_alias(name, "staging")
+    run = c.create_run(c.get_experiment_by_name("edgeflow-release").experiment_id, run_name="hand-made version")
+    c.log_text(run.info.run_id, "not a release package", "model/README.txt")
+    c.set_terminated(run.info.run_id)
+    ungated = register_version(c, name, run.info.run_id, "model", {"edgeflow.variant": staging.tags["edgeflow.variant"]})
+    refused = promote(ungated)
+    assert refused.state.is_failed() and f"version {ungated} of {name} has no gate report" in refused.state.message
+    assert "re-run the release or promote a version that passed" in refused.state.message
+
+    assert promote(first).state.is_completed()
+    assert promote(latest).state.is_completed()
+    assert c.get_model_version_by_alias(name, "production").version == latest
+    assert c.get_model_version_by_alias(name, "previous").version == first
+    assert c.get_model_version(name, latest).current_stage == "Production"  # mirrored for stage filters
+    assert c.get_model_version(name, first).current_stage == "Archived"
+
+    back = run_deployment("rollback-production/rollback-production", timeout=900,
+                          parameters={"profile": "configs/test-tiny.yaml", "deploy": "pool"})
+    assert back.state.is_completed(), back.state.message
+    assert c.get_model_version_by_alias(name, "production").version == first
+    assert c.get_model_version_by_alias(name, "previous").version == latest
+    assert read_state(profile)["current"]["version"] == first
+    r = httpx.post(f"http://127.0.0.1:{profile.deploy.port}/v1/chat/completions", timeout=60, json={
+        "model": name, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4})
+    assert r.status_code == 200 and r.json()["system_fingerprint"] == first  # the device serves the rolled-back version

@@ -1,0 +1,186 @@
+"""Nightly recalibration: yesterday's traffic → calibration set → re-quantize the production student → gate → staging.
+
+Tiny CPU run (services up, a release done): python -m flows.nightly --profile configs/test-tiny.yaml --until 2026-11-30T00:00:00Z
+
+The student is not retrained: distillation is the expensive, slow-moving part, and what drifts night to
+night is the traffic the quantizer should be calibrated on. `production` moves only when the profile
+allows auto-promotion and the new version is Pareto-better on the gate than the one serving; then it is
+deployed first and promoted through the same checks as a manual promotion.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+from prefect import flow, task
+
+from flows.register import register
+from flows.release import open_release, quantize_and_gate, run_deploy_on_pool
+from tasks.artifacts import ArtifactRef, sha256_tree
+from tasks.config import REPO_ROOT, load_profile
+from tasks.nightly import Traffic, beats, collect_traffic, derive_profile, parse_time
+from tasks.runs import tracking_uri
+
+
+@task
+def gather_traffic(profile: str, logs_dir: str | None, until: str | None, tokenizer_dir: str) -> Traffic:
+    """Clean the last window of access logs into a snapshot, or say why the night is skipped."""
+    from transformers import AutoTokenizer
+
+    from tasks.evaluation.gate import eval_texts
+
+    p = load_profile(profile)
+    end = parse_time(until)
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    evals = eval_texts({d: p.resolve(s) for d, s in p.gate.eval_sources.items()}, p.gate.num_prompts, tok)
+    out = p.work / "nightly" / end.strftime("%Y%m%dT%H%M%SZ") / "traffic.jsonl"
+    return collect_traffic(p.resolve(logs_dir or p.nightly.logs_dir), end, p.nightly.window_hours, p.nightly.min_records,
+                           evals, out, tok)
+
+
+@task
+def base_student(profile: str) -> dict:
+    """The version behind `nightly.base_alias` (else `staging`) and the student it was quantized from."""
+    from mlflow import MlflowClient
+
+    from tasks.registry import alias_version
+
+    p = load_profile(profile)
+    c = MlflowClient(tracking_uri())
+    name = p.registry.model_name
+    for alias in dict.fromkeys([p.nightly.base_alias, "staging"]):
+        version = alias_version(c, name, alias)
+        if version:
+            break
+    else:
+        return {"skipped": f"{name} has neither `{p.nightly.base_alias}` nor `staging`: run a release first"}
+    mv = c.get_model_version(name, version)
+    with tempfile.TemporaryDirectory() as tmp:
+        lineage = json.loads(Path(c.download_artifacts(mv.run_id, f"{_artifact_path(mv.source)}/lineage.json", tmp)).read_text())
+    student = ArtifactRef.model_validate(lineage["student"])
+    # The student must be here, bit for bit, or re-quantizing it would calibrate a different model.
+    if not student.path.exists() or sha256_tree(student.path) != student.sha256:
+        raise FileNotFoundError(
+            f"version {version} ({alias}) was quantized from student {student.uri} (sha256 {student.sha256[:12]}), which is "
+            "missing or changed on this host; mount the shared artifact store or re-run the release"
+        )
+    return {"version": version, "alias": alias, "student": student, "teacher": ArtifactRef.model_validate(lineage["teacher"]),
+            "gate": {k: float(mv.tags[f"edgeflow.gate.{k}"]) for k in ("top1_agreement", "kl")}}
+
+
+def _artifact_path(source: str) -> str:
+    # runs:/<run_id>/<path> or models:/… sources: the register stage always writes runs:/ sources.
+    return source.split("/", 2)[2] if source.startswith("runs:/") else source.rsplit("/artifacts/", 1)[-1]
+
+
+@task
+def write_night_report(profile: str, report: dict) -> dict:
+    """Save the night's report as reports/nightly-<stamp>.json and .md and log it to MLflow."""
+    from mlflow import MlflowClient
+
+    p = load_profile(profile)
+    out = REPO_ROOT / "reports"
+    out.mkdir(exist_ok=True)
+    stem = f"nightly-{p.name}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+    report = {"report": f"reports/{stem}.md", **report}
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / f"{stem}.md").write_text(_markdown(report))
+    c = MlflowClient(tracking_uri())
+    exp = c.get_experiment_by_name(p.registry.experiment)
+    exp_id = exp.experiment_id if exp else c.create_experiment(p.registry.experiment)
+    run = c.create_run(exp_id, run_name=f"nightly {report['status']}", tags={
+        "edgeflow.nightly": report["status"], "edgeflow.profile": profile,
+        **({"edgeflow.release_id": report["release_id"]} if report.get("release_id") else {}),
+    })
+    c.log_artifact(run.info.run_id, str(out / f"{stem}.json"), "report")
+    c.log_artifact(run.info.run_id, str(out / f"{stem}.md"), "report")
+    c.set_terminated(run.info.run_id, "FINISHED")
+    print(f"nightly recalibration {report['status']}: {report.get('reason') or report.get('promotion') or ''} ({report['report']})")
+    return report
+
+
+def _markdown(r: dict) -> str:
+    t = r.get("traffic") or {}
+    lines = [f"# Nightly recalibration: {r['status']}", ""]
+    if r.get("reason"):
+        lines += [f"**Why:** {r['reason']}", ""]
+    if t:
+        ing = t.get("ingest", {})
+        lines += ["| window | files | log lines | kept | PII records scrubbed | duplicates | eval overlaps dropped |",
+                  "|---|---|---|---|---|---|---|",
+                  f"| {t['since']} → {t['until']} | {t['files']} | {ing.get('lines', 0)} | {t['kept']} | "
+                  f"{ing.get('records_with_pii', 0)} | {ing.get('exact_duplicates', 0) + ing.get('near_duplicates', 0)} | "
+                  f"{t['dropped_eval_overlap']} |", ""]
+    for key, title in (("base", "Base"), ("staging", "Staging"), ("promotion", "Production")):
+        if r.get(key):
+            lines.append(f"- **{title}:** {r[key]}")
+    return "\n".join(lines) + "\n"
+
+
+@flow(name="nightly-recalibration", log_prints=True)
+def nightly_recalibration(
+    profile: str = "configs/demo-cpu.yaml",
+    logs_dir: str | None = None,
+    until: str | None = None,
+    deploy: Literal["pool", "inline", "none"] = "pool",
+) -> dict:
+    """Access logs of the last window in; a new staging version (or a 'skipped' report) out."""
+    p = load_profile(profile)
+    base = base_student(profile)
+    if base.get("skipped"):
+        return write_night_report(profile, {"status": "skipped", "reason": base["skipped"]})
+    traffic = gather_traffic(profile, logs_dir, until, base["student"].uri)
+    if traffic.skipped:
+        return write_night_report(profile, {"status": "skipped", "reason": traffic.skipped, "traffic": traffic.model_dump()})
+    nightly_profile = str(derive_profile(p, Path(traffic.snapshot), Path(traffic.snapshot).with_name("profile.yaml")))
+    ctx = open_release(nightly_profile)
+    gate_report, calibration, attempts = quantize_and_gate(nightly_profile, ctx, base["student"])
+    registry = register(nightly_profile, ctx, gate_report,
+                        {"teacher": base["teacher"], "student": base["student"], "calibration": calibration})
+    report = {"status": "registered" if registry["staging"] else "gate_failed", "release_id": ctx.release_id,
+              "traffic": traffic.model_dump(), "attempts": attempts,
+              "base": f"version {base['version']} (`{base['alias']}`), student {base['student'].sha256[:12]}",
+              "staging": registry["staging"] and f"version {registry['staging_version']} ({registry['staging']})",
+              "reason": registry["why_no_staging"]}
+    if registry["staging"] and p.nightly.auto_promote:
+        report |= promote_if_better(profile, registry, base, deploy)
+    return write_night_report(profile, report)
+
+
+def promote_if_better(profile: str, registry: dict, base: dict, deploy: str) -> dict:
+    """Deploy the new staging version and move `production` to it, if it beats production on the gate."""
+    from mlflow import MlflowClient
+
+    p = load_profile(profile)
+    c = MlflowClient(tracking_uri())
+    mv = c.get_model_version(p.registry.model_name, registry["staging_version"])
+    new = {k: float(mv.tags[f"edgeflow.gate.{k}"]) for k in ("top1_agreement", "kl")}
+    better, why = beats(new, base["gate"]) if base["alias"] == "production" else (True, "no production version yet")
+    if not better:
+        return {"promotion": f"not promoted: {why}"}
+    if deploy == "none":
+        return {"promotion": f"not promoted: {why}, but deploy=none (production needs a successful edge deployment)"}
+    if deploy == "pool":
+        run_deploy_on_pool(profile, "staging")
+    else:
+        from flows.deploy_edge import deploy_edge
+
+        deploy_edge(profile, "staging")
+    from tasks.promotion import promote
+
+    move = promote(c, p.registry.model_name, registry["staging_version"], "production", reason=f"nightly: {why}")
+    return {"status": "promoted", "promotion": f"version {registry['staging_version']} promoted: {why}", "move": str(move)}
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--profile", default="configs/demo-cpu.yaml")
+    ap.add_argument("--logs-dir")
+    ap.add_argument("--until", help="Window end, ISO 8601 (default now).")
+    ap.add_argument("--deploy", default="inline", choices=["pool", "inline", "none"])
+    a = ap.parse_args()
+    nightly_recalibration(a.profile, a.logs_dir, a.until, a.deploy)

@@ -1,0 +1,114 @@
+"""Nightly recalibration: yesterday's traffic in, a derived profile (and whether it may replace production) out.
+
+    python -m tasks.nightly data/access_logs --until 2026-11-30T00:00:00Z   # what tonight's window would keep
+
+The access logs of the window are cleaned by `tasks.access_logs.ingest` (PII scrubbed, de-duplicated,
+bounded), stripped of anything that overlaps the gate's evaluation set (production traffic does ask the
+eval questions now and then; calibrating on them would inflate every gate metric), and written as one
+JSONL snapshot. The snapshot replaces one calibration domain (`nightly.domain`, chat by default) in a
+derived profile; the other domains keep their shipped sources, so the 5:3:2 mix stays a mix.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.access_logs import ingest, log_files
+from tasks.calibration import find_overlap
+from tasks.config import Profile
+
+
+class Traffic(BaseModel):
+    """The window's clean traffic, or why there is not enough of it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    since: str = Field(description="Window start (ISO 8601, UTC, inclusive).")
+    until: str = Field(description="Window end (ISO 8601, UTC, exclusive).")
+    logs_dir: str = Field(description="Where the access logs were read.")
+    files: int = Field(description="Access-log files found.")
+    kept: int = Field(description="Clean requests kept for calibration.")
+    dropped_eval_overlap: int = Field(description="Clean requests dropped because they overlap the gate's eval set.")
+    ingest: dict = Field(description="Every count of the cleaning (tasks.access_logs.IngestReport).")
+    snapshot: str | None = Field(default=None, description="JSONL of the kept requests; None when skipped.")
+    skipped: str | None = Field(default=None, description="Why the night is skipped; None when there is enough traffic.")
+
+
+def parse_time(value: str | None) -> datetime:
+    """ISO 8601 (a trailing Z is UTC); None is now."""
+    if value is None:
+        return datetime.now(timezone.utc)
+    t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def collect_traffic(
+    logs_dir: Path, until: datetime, hours: float, min_records: int, eval_texts: list[str], out: Path, tokenizer
+) -> Traffic:
+    """Clean the window's requests, drop eval overlaps, write the snapshot; `skipped` says why not, if not."""
+    from tasks.textdata import record_text
+
+    since = until - timedelta(hours=hours)
+    files = log_files(logs_dir) if Path(logs_dir).is_dir() else []
+    records, report = ingest(files, since, until)
+    texts = [record_text(r, tokenizer) for r in records]
+    # An eval item "overlaps" one request's text: drop that request (the eval set is the fixed side).
+    overlapping = {i for i, t in enumerate(texts) if find_overlap([t], eval_texts)}
+    kept = [r for i, r in enumerate(records) if i not in overlapping]
+    base = dict(since=_iso(since), until=_iso(until), logs_dir=str(logs_dir), files=len(files), kept=len(kept),
+                dropped_eval_overlap=len(overlapping), ingest=asdict(report))
+    if not files:
+        return Traffic(**base, skipped=f"no access logs under {logs_dir}")
+    if len(kept) < min_records:
+        return Traffic(**base, skipped=(
+            f"{len(kept)} clean requests between {base['since']} and {base['until']} (of {report.lines} log lines in "
+            f"{len(files)} files); nightly.min_records={min_records}"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps({"messages": r["messages"], "response": r["response"], "id": r["id"]}) + "\n" for r in kept))
+    return Traffic(**base, snapshot=str(out))
+
+
+def derive_profile(profile: Profile, snapshot: Path, out: Path) -> Path:
+    """The profile with `nightly.domain`'s calibration source replaced by the snapshot, written as YAML."""
+    data = profile.model_dump(mode="json")
+    domain = profile.nightly.domain  # a known calibration domain: the profile validator checked it
+    data["name"] = f"{profile.name}-nightly"
+    data["calibration"]["sources"][domain] = str(Path(snapshot).resolve())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+def beats(new: dict[str, float], current: dict[str, float]) -> tuple[bool, str]:
+    """Pareto-better on the gate: top-1 agreement not lower, KL not higher, and one of them strictly better."""
+    d_top1 = new["top1_agreement"] - current["top1_agreement"]
+    d_kl = new["kl"] - current["kl"]
+    verdict = d_top1 >= 0 and d_kl <= 0 and (d_top1 > 0 or d_kl < 0)
+    why = (f"top-1 agreement {new['top1_agreement']:.4f} vs {current['top1_agreement']:.4f} ({d_top1:+.4f}), "
+           f"KL {new['kl']:.4f} vs {current['kl']:.4f} ({d_kl:+.4f})")
+    return verdict, ("beats production: " if verdict else "does not beat production: ") + why
+
+
+if __name__ == "__main__":
+    from transformers import AutoTokenizer
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("logs_dir", type=Path)
+    ap.add_argument("--until", help="Window end, ISO 8601 (default now).")
+    ap.add_argument("--hours", type=float, default=24)
+    ap.add_argument("--min-records", type=int, default=32)
+    ap.add_argument("--tokenizer", required=True, help="A model directory whose chat template renders the records.")
+    ap.add_argument("--out", type=Path, default=Path("nightly-traffic.jsonl"))
+    a = ap.parse_args()
+    t = collect_traffic(a.logs_dir, parse_time(a.until), a.hours, a.min_records, [], a.out, AutoTokenizer.from_pretrained(a.tokenizer))
+    print(t.model_dump_json(indent=1))
