@@ -276,23 +276,37 @@ def wait_healthy(base_url: str, timeout: float, pid: int | None = None) -> dict:
 
 
 def smoke_chat(base_url: str, model: str, prompt: str, max_tokens: int = 48) -> str:
-    """Send one streamed chat request and return the concatenated answer."""
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "stream": True}
+    """Send one streamed chat request; it must end properly ([DONE], a finish_reason) with at least one
+    generated token. Returns the answer text.
+
+    What the answer says is the consistency gate's business, not the deploy's: a tiny or early student
+    may well answer in whitespace. What a deploy must catch is a stream that breaks, errors, never
+    finishes or carries no generated token at all.
+    """
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}}
     parts: list[str] = []
+    finish, usage, done = None, None, False
     with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=120) as r:
         r.raise_for_status()
         for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+            if line == "data: [DONE]":
+                done = True
+                continue
+            if not line.startswith("data: "):
                 continue
             chunk = json.loads(line[6:])
             if "error" in chunk:
                 raise RuntimeError(f"smoke chat failed: {chunk['error']}")
+            usage = chunk.get("usage") or usage
             for choice in chunk.get("choices", []):
                 parts.append(choice.get("delta", {}).get("content") or "")
-    answer = "".join(parts)
-    if not answer.strip():
-        raise RuntimeError("smoke chat returned an empty answer")
-    return answer
+                finish = choice.get("finish_reason") or finish
+    if not (done and finish):
+        raise RuntimeError(f"smoke chat stream ended without {'[DONE]' if not done else 'a finish_reason'}")
+    if not usage or usage.get("completion_tokens", 0) < 1:
+        raise RuntimeError(f"smoke chat generated no token (usage {usage}, finish_reason {finish})")
+    return "".join(parts)
 
 
 def already_serving(profile: Profile, version: str, package: Path) -> dict | None:

@@ -515,3 +515,14 @@ def test_cli_refuses_a_non_engine_dir(tmp_path, capsys):
 
     assert main(["--engine", str(tmp_path)]) == 2
     assert "engine.json" in capsys.readouterr().err
+
+
+def test_deploy_smoke_chat_needs_a_finished_stream_with_tokens(server):
+    """deploy-edge's smoke check: a complete stream with generated tokens passes whatever the text; a model
+    name the server does not serve (an error answer) fails."""
+    from tasks.deploy import smoke_chat
+
+    answer = smoke_chat(server.url, MODEL, "Say hello.", max_tokens=4)
+    assert isinstance(answer, str)
+    with pytest.raises(httpx.HTTPStatusError):
+        smoke_chat(server.url, "not-this-model", "Say hello.", max_tokens=4)
