@@ -47,7 +47,7 @@ def base_student(profile: str) -> dict:
     """The version behind `nightly.base_alias` (else `staging`) and the student it was quantized from."""
     from mlflow import MlflowClient
 
-    from tasks.registry import alias_version
+    from tasks.registry import alias_version, split_runs_uri
 
     p = load_profile(profile)
     c = MlflowClient(tracking_uri())
@@ -60,7 +60,7 @@ def base_student(profile: str) -> dict:
         return {"skipped": f"{name} has neither `{p.nightly.base_alias}` nor `staging`: run a release first"}
     mv = c.get_model_version(name, version)
     with tempfile.TemporaryDirectory() as tmp:
-        lineage = json.loads(Path(c.download_artifacts(mv.run_id, f"{_artifact_path(mv.source)}/lineage.json", tmp)).read_text())
+        lineage = json.loads(Path(c.download_artifacts(mv.run_id, f"{split_runs_uri(mv.source)[1]}/lineage.json", tmp)).read_text())
     student = ArtifactRef.model_validate(lineage["student"])
     # The student must be here, bit for bit, or re-quantizing it would calibrate a different model.
     if not student.path.exists() or sha256_tree(student.path) != student.sha256:
@@ -70,11 +70,6 @@ def base_student(profile: str) -> dict:
         )
     return {"version": version, "alias": alias, "student": student, "teacher": ArtifactRef.model_validate(lineage["teacher"]),
             "gate": {k: float(mv.tags[f"edgeflow.gate.{k}"]) for k in ("top1_agreement", "kl")}}
-
-
-def _artifact_path(source: str) -> str:
-    # runs:/<run_id>/<path> or models:/… sources: the register stage always writes runs:/ sources.
-    return source.split("/", 2)[2] if source.startswith("runs:/") else source.rsplit("/artifacts/", 1)[-1]
 
 
 @task

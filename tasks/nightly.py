@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.access_logs import ingest, log_files
+from tasks.access_logs import _parse_ts, ingest, log_files
 from tasks.calibration import find_overlap
 from tasks.config import Profile
 
@@ -44,7 +44,7 @@ def parse_time(value: str | None) -> datetime:
     """ISO 8601 (a trailing Z is UTC); None is now."""
     if value is None:
         return datetime.now(timezone.utc)
-    t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    t = _parse_ts(value)  # the access logs' own parser: the window and the records read time alike
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
