@@ -107,8 +107,11 @@ def write_report(
         "gate": gate["thresholds"],
         "eval_prompts": gate["eval_prompts"],
         "eval_positions": gate["eval_positions"],
-        "student": {k: s[k] for k in ("student_top1_vs_teacher", "teacher_ppl", "student_ppl", "student_ppl_before_training",
-                                      "student_quality_pct", "student_layers", "student_params", "size_ratio")}
+        # .get: a student cached by an older release may lack the newer evaluation keys; the report shows what it has
+        "student": {k: s.get(k) for k in ("student_top1_vs_teacher", "student_kl_vs_teacher", "teacher_ppl", "student_ppl",
+                                          "student_ppl_before_training", "student_top1_before_training",
+                                          "student_kl_before_training", "student_quality_pct", "student_layers",
+                                          "student_params", "size_ratio")}
         | {"steps": load_profile(ctx.profile).distill.steps},
         "mlflow_parent_run_id": ctx.mlflow_parent_run_id,
         "prefect_flow_run_id": ctx.prefect_flow_run_id,

@@ -13,6 +13,23 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def student_table(s: dict) -> str:
+    """Student vs teacher before and after training: top-1 agreement, mean KL(teacher ‖ student), perplexity."""
+    return "\n".join([
+        "| student | top-1 vs teacher | mean KL | perplexity |",
+        "|---|---:|---:|---:|",
+        f"| before training | {_fmt(s.get('student_top1_before_training'), '.1%')} | {_fmt(s.get('student_kl_before_training'), '.3f')} "
+        f"| {_fmt(s.get('student_ppl_before_training'), '.1f')} |",
+        f"| after training | {_fmt(s.get('student_top1_vs_teacher'), '.1%')} | {_fmt(s.get('student_kl_vs_teacher'), '.3f')} "
+        f"| {_fmt(s.get('student_ppl'), '.1f')} |",
+        f"| teacher | 100% | 0 | {_fmt(s.get('teacher_ppl'), '.1f')} |",
+    ])
+
+
 def markdown(report: dict) -> str:
     """The whole report as markdown."""
     s = report["student"]
@@ -36,9 +53,11 @@ def markdown(report: dict) -> str:
         "## Student vs teacher",
         "",
         f"{s['student_layers']}-layer student ({s['student_params'] / 1e6:.1f} M parameters, teacher/student size ratio "
-        f"{s['size_ratio']:.1f}×), {s['steps']} distillation steps. Held-out top-1 agreement with the teacher "
-        f"{s['student_top1_vs_teacher']:.1%}; perplexity {s['student_ppl']:.1f} vs the teacher's {s['teacher_ppl']:.1f} "
-        f"(before training: {s['student_ppl_before_training']:.1f}); quality {s['student_quality_pct']:.0f}% of the teacher. "
+        f"{s['size_ratio']:.1f}×), {s['steps']} distillation steps, quality {s['student_quality_pct']:.0f}% of the teacher "
+        "(teacher perplexity / student perplexity). Held out from training:",
+        "",
+        student_table(s),
+        "",
         "A short demo distillation makes a weak student: read the answers with that in mind.",
     ]
     if report.get("plots"):
