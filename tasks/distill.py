@@ -912,10 +912,11 @@ def train(teacher, student, data: TokenDataset | list[list[int]], cfg: DistillCo
         # a torch checkpoint holds whole tensors (any process count resumes it); a ZeRO one holds one shard per process
         written_by = state.get("engine", {"format": "torch", "world_size": 1})
         if written_by["format"] != engine.format or (engine.format == "deepspeed" and written_by["world_size"] != world):
+            names = {"torch": "plain torch (one process or ddp)", "deepspeed": "deepspeed-zero3"}
             raise RuntimeError(
-                f"checkpoint {state_file} was written by a {written_by['format']} run of {written_by['world_size']} process(es); "
-                f"this run is {engine.format} with {world}. Resume it with the distill.strategy and distill.processes it was "
-                f"written with, or delete {checkpoint_dir} to start over"
+                f"checkpoint {state_file} was written by a {names[written_by['format']]} run of {written_by['world_size']} "
+                f"process(es); this run is {names[engine.format]} with {world}. Resume it with the distill.strategy and "
+                f"distill.processes it was written with, or delete {checkpoint_dir} to start over"
             )
         engine.load(state, state_file.parent)
         _set_rng_state(_rank_rng(state, rank, world))

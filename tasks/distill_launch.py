@@ -172,7 +172,7 @@ def run_distill_distributed(teacher_dir: Path, cfg: DistillConfig, corpora: list
             env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed would otherwise look for an accelerator to drive
         rc, tail = _stream(launch_command(n, d / "spec.json"), env)
         if rc != 0:
-            raise RuntimeError(_failure(rc, n, cfg, d / "errors", tail))
+            raise RuntimeError(failure_message(rc, n, cfg, d / "errors", tail))
         result_file = d / "result.json"
         if not result_file.exists():
             raise RuntimeError(f"distributed distillation exited 0 but rank 0 wrote no result ({result_file}); output tail:\n{''.join(tail)}")
@@ -203,8 +203,9 @@ def _stream(cmd: list[str], env: dict[str, str]) -> tuple[int, deque[str]]:
                 proc.wait()
 
 
-def _failure(rc: int, n: int, cfg: DistillConfig, errors: Path, tail: deque[str]) -> str:
-    """The error of a failed launch: the rank that failed first and its exception, else torchrun's own summary."""
+def failure_message(rc: int, n: int, cfg: DistillConfig, errors: Path, tail: deque[str]) -> str:
+    """The error of a failed launch: the rank that failed first and its exception (recorded by main()), else the rank
+    and exit code of torchrun's own summary."""
     reports = sorted(errors.glob("rank-*.txt"), key=lambda p: p.stat().st_mtime) if errors.exists() else []
     if reports:
         first = reports[0]
@@ -213,8 +214,9 @@ def _failure(rc: int, n: int, cfg: DistillConfig, errors: Path, tail: deque[str]
         if others:
             cause += f" (then rank(s) {', '.join(others)})"
     else:
-        # no exception recorded (killed by a signal, e.g. out of memory): torchrun's summary names rank and exit code
-        text = "".join(tail)
+        # no exception recorded (killed by a signal, e.g. out of memory): torchrun's summary names rank and exit code;
+        # its "Failures" section lists the processes it stopped afterwards, "Root Cause" the first one to fail
+        text = "".join(tail).split("Root Cause", 1)[-1]
         ranks = re.findall(r"rank\s*:\s*(\d+)", text)
         codes = re.findall(r"exitcode\s*:\s*(-?\d+)", text)
         cause = (f"rank {ranks[0]} exited with code {codes[0]}" + (" (a signal: -9 is SIGKILL, often the out-of-memory killer)"

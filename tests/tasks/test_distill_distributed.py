@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 from pathlib import Path
 
 import pytest
@@ -217,9 +216,9 @@ def test_deepspeed_zero3_on_two_cpu_processes_trains_as_one(tiny_pair, one_proce
     got = run_distill_distributed(teacher, cfg, [corpus], EVAL, tmp_path / "student", tmp_path / "work",
                                   student_from=student_cfg, log=lambda s, m: logged.append((s, m)))
     assert got["training_processes"] == 2
-    _assert_same_training(got, want, rel=1e-3)
+    _assert_same_training(got, want, rel=1e-4)
     diffs = {k: float((v - _weights(want_dir)[k]).abs().max()) for k, v in _weights(tmp_path / "student").items()}
-    assert max(diffs.values()) < 1e-3, sorted(diffs.items(), key=lambda kv: -kv[1])[:3]
+    assert max(diffs.values()) < 1e-4, sorted(diffs.items(), key=lambda kv: -kv[1])[:3]
     # a callback that is not an MLflow logger receives rank 0's calls once the run is over
     assert [s for s, m in logged if "total" in m] == [0, 1, 2, 3]
     with capfd.disabled():
@@ -243,15 +242,39 @@ def test_deepspeed_strategy_without_deepspeed_fails_before_any_compute(tiny_pair
     assert not work.exists()  # refused before the training set was built or any process started
 
 
-def test_a_failed_process_is_named_with_its_error(tiny_pair, tmp_path, monkeypatch):
-    """A process that raises (here: the memory budget, checked in every process once the student is built) fails the
-    launch with the rank and its exception, not only torchrun's exit code."""
-    teacher, student_cfg, corpus = tiny_pair
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    cfg = DistillConfig(student_from=str(student_cfg), processes=2, strategy="ddp", memory_budget_mb=1, **RUN)
-    with pytest.raises(RuntimeError) as e:
-        run_distill_distributed(teacher, cfg, [corpus], EVAL, tmp_path / "student", tmp_path / "work", student_from=student_cfg)
-    msg = str(e.value)
-    assert re.search(r"distributed distillation failed: rank [01] failed first: ValueError: the student needs ~\d+ MiB", msg), msg[:600]
-    assert "distill.memory_budget_mb=1" in msg and "torchrun exited 1 (2 processes, distill.strategy=ddp)" in msg
-    assert not (tmp_path / "student").exists()
+# torchrun's report when a process dies without a Python exception (here rank 0, killed; rank 1 then stopped by it)
+TORCHRUN_SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+tasks.distill_launch FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -15 (pid: 11152)  (SIGTERM)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -9 (pid: 11151)
+============================================================
+"""
+
+
+def test_a_failed_process_is_reported_with_its_rank_and_error(tmp_path, monkeypatch):
+    """main() records the exception of the process it runs in for the launcher, whose error names the rank that
+    failed first and its exception; without one (killed by a signal) it quotes torchrun's root cause."""
+    from collections import deque
+
+    from tasks.distill_launch import failure_message, main
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"cfg": {"batch_size": 0}, "errors": str(tmp_path / "errors")}))
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(ValidationError):
+        main(["--spec", str(spec)])
+    ddp = DistillConfig(strategy="ddp")
+    msg = failure_message(1, 2, ddp, tmp_path / "errors", deque(["last output line\n"]))
+    assert msg.startswith("distributed distillation failed: rank 1 failed first: ValidationError: "), msg
+    assert "batch_size" in msg and "torchrun exited 1 (2 processes, distill.strategy=ddp)" in msg and msg.endswith("last output line\n")
+    msg = failure_message(1, 2, ddp, tmp_path / "none", deque(TORCHRUN_SUMMARY.splitlines(keepends=True)))
+    assert "distributed distillation failed: rank 0 exited with code -9 (a signal: -9 is SIGKILL" in msg, msg
