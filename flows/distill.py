@@ -4,14 +4,12 @@ Tiny CPU run (with services up): python -m flows.release --profile configs/test-
 """
 from __future__ import annotations
 
-import time
-
 from prefect import flow, task
 
 from tasks.artifacts import ArtifactRef, sha256_json, sha256_tree
 from tasks.config import DistillConfig, load_profile
 from tasks.model_source import ensure_teacher
-from tasks.runs import ReleaseContext, content_key, log_training_set, stage_run
+from tasks.runs import ReleaseContext, content_key, log_training_set, mlflow_step_logger, stage_run
 
 
 @task
@@ -40,24 +38,11 @@ def resolve_student_source(profile: str) -> ArtifactRef | None:
     return student_source(profile)
 
 
-def mlflow_step_logger(client, run_id: str):
-    """A `log(step, metrics)` callback writing one MLflow batch per call (one request per step, not per metric)."""
-    from mlflow.entities import Metric
-
-    def log(step: int, metrics: dict[str, float]) -> None:
-        ts = int(time.time() * 1000)
-        batch = [Metric(k, float(v), ts, step) for k, v in metrics.items() if k != "step" and isinstance(v, (int, float))]
-        if batch:
-            client.log_batch(run_id, metrics=batch)
-
-    return log
-
-
 @task(cache_key_fn=content_key, persist_result=True)
 def train_student(teacher: ArtifactRef, cfg: DistillConfig, eval_sources: dict[str, str], ctx: ReleaseContext,
                   student_from: ArtifactRef | None = None) -> ArtifactRef:
     """Train the student with α·KL·T² + (1−α)·CE (+ β·hidden MSE) and log curves, metrics and weights to MLflow."""
-    from tasks.distill import run_distill
+    from tasks.distill_launch import distill_runner
     from tasks.evaluation.gate import eval_texts
 
     from transformers import AutoTokenizer
@@ -70,7 +55,7 @@ def train_student(teacher: ArtifactRef, cfg: DistillConfig, eval_sources: dict[s
     params = cfg.model_dump() | {"teacher_sha256": teacher.sha256} | ({"student_from_sha256": student_from.sha256} if student_from else {})
     with stage_run(ctx, "distill", params) as (client, run_id):
         log_training_set(client, run_id, [profile.resolve(c) for c in cfg.corpora])
-        metrics = run_distill(
+        metrics = distill_runner(cfg)(  # in this process, or torchrun over distill.processes GPUs
             teacher.path, cfg, [profile.resolve(c) for c in cfg.corpora], held_out, out, profile.work,
             student_from=student_from.path if student_from else None, log=mlflow_step_logger(client, run_id),
         )

@@ -45,7 +45,7 @@ class DistillConfig(_Strict):
     )
     # --- training
     steps: int = Field(default=60, ge=0, description="Optimizer steps.")
-    batch_size: int = Field(default=4, ge=1, description="Sequences per step.")
+    batch_size: int = Field(default=4, ge=1, description="Sequences per optimizer step, over all training processes together.")
     max_seq_len: int = Field(default=128, ge=8, description="Tokens per training sequence (longer samples are truncated).")
     max_truncation_ratio: float = Field(
         default=50, ge=1,
@@ -78,6 +78,34 @@ class DistillConfig(_Strict):
         description="Training text files (JSONL with messages, text or question/answer), relative to the repo.",
     )
     seed: int = Field(default=0, description="Seed for data order and initialisation.")
+    # --- processes: how the same training is computed (see training_identity)
+    processes: int | None = Field(
+        default=None, ge=1,
+        description="Training processes, one per GPU, each taking its share of every step's batch_size sequences. None: "
+        "EDGEFLOW_GPUS (the a100 job's GPU count) when CUDA is available, else the number of visible CUDA devices, else 1. "
+        "1 trains in the calling process with plain torch; more launches torchrun (tasks/distill_launch.py).",
+    )
+    strategy: Literal["ddp", "deepspeed-zero3"] = Field(
+        default="deepspeed-zero3",
+        description="Multi-process training (used only when processes > 1): deepspeed-zero3 shards weights, gradients and "
+        "AdamW states across processes under the ZeRO-3 config in deepspeed_config (bf16 on CUDA; needs the `gpu` extra); "
+        "ddp is plain torch DistributedDataParallel (fp32, every process holds everything).",
+    )
+    deepspeed_config: str = Field(
+        default="deployments/deepspeed/zero3-bf16.json",
+        description="DeepSpeed config file (relative to the repo) for strategy deepspeed-zero3; batch sizes and the "
+        "offload devices are filled in at launch from batch_size, processes, offload_optimizer and offload_param.",
+    )
+    offload_optimizer: Literal["none", "cpu", "nvme"] = Field(
+        default="none",
+        description="strategy deepspeed-zero3: where the AdamW states live (cpu or nvme frees GPU memory for slower steps; "
+        "nvme needs zero_optimization.offload_optimizer.nvme_path in deepspeed_config).",
+    )
+    offload_param: Literal["none", "cpu", "nvme"] = Field(
+        default="none",
+        description="strategy deepspeed-zero3: where the student's weight shards live between uses (nvme needs "
+        "zero_optimization.offload_param.nvme_path in deepspeed_config).",
+    )
     # --- resumability and telemetry (they do not change the trained student)
     checkpoint_every: int = Field(
         default=200, ge=0,
@@ -114,11 +142,38 @@ class DistillConfig(_Strict):
                 raise ValueError(f"distill.hidden_layer_map={m} has negative layer indices; layers are numbered from 0")
             if len(set(m.values())) != len(m):
                 raise ValueError(f"distill.hidden_layer_map={m} maps several teacher layers to one student layer; give each student layer one target")
+        offloaded = [f"distill.{f}={getattr(self, f)}" for f in ("offload_optimizer", "offload_param") if getattr(self, f) != "none"]
+        if offloaded and self.strategy != "deepspeed-zero3":
+            raise ValueError(f"{', '.join(offloaded)} needs distill.strategy: deepspeed-zero3 (ddp keeps everything on the GPU); "
+                             "set strategy: deepspeed-zero3 or the offload fields to none")
+        if self.processes is not None:
+            self.check_processes(self.processes)
         return self
 
+    def check_processes(self, n: int) -> None:
+        """Raise naming the fields when a step of batch_size sequences cannot be split across n processes."""
+        if n > 1 and self.batch_size < n:
+            raise ValueError(
+                f"distill.batch_size={self.batch_size} is smaller than the {n} training processes (distill.processes, or the "
+                "GPUs it defaults to): every process needs at least one sequence per step. Raise batch_size or set processes lower."
+            )
+        if n > 1 and self.strategy == "deepspeed-zero3" and self.batch_size % n:
+            raise ValueError(
+                f"distill.batch_size={self.batch_size} does not split evenly across {n} processes, and DeepSpeed needs "
+                f"train_batch_size = micro batch x processes: make batch_size a multiple of {n}, or use distill.strategy: ddp "
+                "(uneven shares are fine there)."
+            )
+
     def training_identity(self) -> dict:
-        """The fields that decide what is trained (resume and cache keys); telemetry and checkpoint cadence excluded."""
-        return self.model_dump(exclude={"checkpoint_every", "pushgateway_url", "push_every", "stall_timeout_s"})
+        """The fields that decide what is trained (resume and cache keys); telemetry, checkpoint cadence and how the
+        steps are spread over processes excluded."""
+        # processes/strategy/deepspeed_config/offload_* say how the same objective is computed, like the device (not in
+        # the key either): every process divides its loss sums by the whole step's token count and teacher norms, so N
+        # processes compute the one-process gradient, and the data order is global (BatchOrder). What they do change is
+        # rounding (bf16 under the ZeRO config on CUDA) and the checkpoint format: a DeepSpeed checkpoint is sharded per
+        # process, and resuming it with another strategy or process count fails naming both (tasks/distill.py:train).
+        return self.model_dump(exclude={"checkpoint_every", "pushgateway_url", "push_every", "stall_timeout_s",
+                                        "processes", "strategy", "deepspeed_config", "offload_optimizer", "offload_param"})
 
 
 class CalibrationConfig(_Strict):
@@ -283,6 +338,8 @@ class Profile(_Strict):
         refs |= {f"gate.eval_sources.{k}": v for k, v in self.gate.eval_sources.items()}
         refs |= {f"quantize.variants[{i}].recipe": v.recipe for i, v in enumerate(self.quantize.variants)}
         refs |= {f"quantize.fallback_variants[{i}].recipe": v.recipe for i, v in enumerate(self.quantize.fallback_variants)}
+        if self.distill.strategy == "deepspeed-zero3" and self.distill.processes != 1:
+            refs["distill.deepspeed_config"] = self.distill.deepspeed_config
         missing = [f"{field}={path}" for field, path in refs.items() if not self.resolve(path).exists()]
         if missing:
             raise ValueError(f"files named by the profile do not exist (paths are relative to {REPO_ROOT}): {missing}")

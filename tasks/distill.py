@@ -3,6 +3,7 @@
 Order of work in run_distill: checks that need no compute (tokenizers, frozen teacher, memory budget,
 size ratio) -> training set built once into Parquet (cached by content hash) -> resumable training loop
 (checkpoints keyed by the run's content hash, stall watchdog, Pushgateway gauges) -> held-out evaluation.
+The same loop runs in every process of a multi-process run (tasks/distill_launch.py), each on its share of a step.
 
 Tiny CPU run: python -m flows.distill --profile configs/test-tiny.yaml
 """
@@ -34,7 +35,8 @@ import torch
 
 from tasks.artifacts import MANIFEST, sha256_file, sha256_json, sha256_tree, write_manifest
 from tasks.config import DistillConfig
-from tasks.losses import check_layer_map, combine, default_layer_map, hidden_mse, kd_terms, make_projections, spread_layer_map
+from tasks.losses import (StepSums, check_layer_map, default_layer_map, hidden_sums, kd_sums, make_projections, rank_share,
+                          spread_layer_map)
 from tasks.textdata import read_records, record_text
 
 logger = logging.getLogger("edgeflow.distill")
@@ -61,6 +63,7 @@ class DistillResult:
     student_params: int
     resumed_from_step: int = 0
     checkpoints_written: list[int] = field(default_factory=list)
+    processes: int = 1
 
 
 # ---------------------------------------------------------------------------------------------- student
@@ -480,12 +483,16 @@ def collate(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Ten
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
-def save_checkpoint(root: Path, step: int, state: dict) -> Path:
-    """Write `state` as root/step-<step>/ atomically (tmp dir, fsync, rename) and drop older checkpoints."""
+def save_checkpoint(root: Path, step: int, state: dict, *, started: bool = False) -> Path:
+    """Write `state` as root/step-<step>/ atomically (tmp dir, fsync, rename) and drop older checkpoints.
+
+    started=True: root/step-<step>.tmp already holds files every process wrote (a DeepSpeed engine's shards); keep them.
+    """
     root.mkdir(parents=True, exist_ok=True)
     final, tmp = root / f"step-{step:08d}", root / f"step-{step:08d}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    if not started:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
     with open(tmp / "state.pt", "wb") as f:
         torch.save(state, f)
         f.flush()
@@ -521,7 +528,9 @@ def latest_checkpoint(root: Path) -> tuple[int, Path] | None:
 def _rng_state() -> dict:
     return {
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        # this process's device only: in a multi-GPU run, reading every device's state would open a CUDA context
+        # (hundreds of MiB) on every GPU from every process
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
         "python": random.getstate(),
         "numpy": np.random.get_state(),
     }
@@ -529,10 +538,23 @@ def _rng_state() -> dict:
 
 def _set_rng_state(s: dict) -> None:
     torch.set_rng_state(s["torch"])
-    if s.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s["cuda"])
+    cuda = s.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if isinstance(cuda, (list, tuple)):  # written when checkpoints held every device's state
+            torch.cuda.set_rng_state_all(cuda)
+        else:
+            torch.cuda.set_rng_state(cuda)
     random.setstate(s["python"])
     np.random.set_state(s["numpy"])
+
+
+def _rank_rng(state: dict, rank: int, world: int) -> dict:
+    """The RNG state this process resumes with: its own when the checkpoint was written by as many processes."""
+    ranks = state.get("rng_ranks")
+    if ranks and len(ranks) == world:
+        return ranks[rank]
+    # another process count: every process continues rank 0's stream (it only feeds dropout, if any)
+    return state["rng"]
 
 
 # -------------------------------------------------------------------------------------------- telemetry
@@ -670,17 +692,199 @@ def _hidden(outputs, layers: list[int]) -> list[torch.Tensor]:
     return [outputs.hidden_states[i + 1] for i in layers]
 
 
+def _rank_world() -> tuple[int, int]:
+    """(rank, world size) of this process: (0, 1) unless a torch.distributed process group is initialized."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _all_sum(t: torch.Tensor, world: int) -> torch.Tensor:
+    """`t` summed over every process (t itself in a single process)."""
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+class _Trainee(torch.nn.Module):
+    """What the optimizer updates, as one module: the student and the projections its mapped hidden states go through.
+
+    One module, called once per step, is what DistributedDataParallel (gradient all-reduce) and ZeRO-3 (gathering a
+    weight before the submodule that uses it runs) need to see every trained weight.
+    """
+
+    def __init__(self, student, projections: torch.nn.ModuleDict, s_layers: list[int]):
+        super().__init__()
+        self.student, self.projections, self.s_layers = student, projections, s_layers
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, with_hidden: bool):
+        out = self.student(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=with_hidden, use_cache=False)
+        if not with_hidden:
+            return out.logits, []
+        hidden = _hidden(out, self.s_layers)
+        return out.logits, [self.projections[str(j)](h) if str(j) in self.projections else h for j, h in zip(self.s_layers, hidden)]
+
+
+def _warmup(cfg: DistillConfig) -> Callable[[int], float]:
+    warmup = max(1, cfg.steps // 10)
+    return lambda s: min(1.0, (s + 1) / warmup)
+
+
+class _TorchEngine:
+    """One process, or DistributedDataParallel: every process holds the whole student and AdamW state (fp32)."""
+
+    format = "torch"
+
+    def __init__(self, trainee: _Trainee, cfg: DistillConfig, world: int, device: torch.device):
+        self.trainee = trainee
+        self.params = [p for p in trainee.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=0.0)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _warmup(cfg))
+        self.module = trainee
+        if world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            # buffers (rotary frequencies) are constants here: synced once at init, not before every step
+            self.module = DistributedDataParallel(trainee, device_ids=[device.index] if device.type == "cuda" else None,
+                                                  forward_sync_buffers=False)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def lr(self) -> float:
+        return self.opt.param_groups[0]["lr"]
+
+    def step(self) -> None:
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def save(self, root: Path, step: int, state: dict, is_main: bool) -> None:
+        # every process holds the same weights and optimizer state after a step: rank 0's copy is the checkpoint
+        if is_main:
+            save_checkpoint(root, step, state | {
+                "student": self.trainee.student.state_dict(), "projections": self.trainee.projections.state_dict(),
+                "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+            })
+
+    def load(self, state: dict, step_dir: Path) -> None:
+        self.trainee.student.load_state_dict(state["student"])
+        self.trainee.projections.load_state_dict(state["projections"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+
+    def finish(self) -> None:
+        """Nothing to do: the student was trained in place."""
+
+
+class _ZeroEngine:
+    """A DeepSpeed ZeRO engine: weights, gradients and AdamW states sharded across processes (deepspeed imported here only)."""
+
+    format = "deepspeed"
+
+    def __init__(self, trainee: _Trainee, cfg: DistillConfig, config: dict):
+        import deepspeed
+
+        self.trainee = trainee
+        # ZeRO-3 partitions the module it is given in place; training a copy keeps the caller's student whole for
+        # evaluation and saving (finish() copies the trained fp32 weights back). The cost is one more copy of a
+        # student that has to fit on one device anyway, next to the whole teacher.
+        model = copy.deepcopy(trainee)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, _warmup(cfg))
+        # engine.step() clips (gradient_clipping in the config), steps AdamW and the scheduler, and zeroes gradients
+        self.engine, self.opt, _, _ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=config,
+                                                           dist_init_required=False)
+        self.module = self.engine
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def lr(self) -> float:
+        return self.opt.param_groups[0]["lr"]
+
+    def step(self) -> None:
+        self.engine.step()
+
+    def save(self, root: Path, step: int, state: dict, is_main: bool) -> None:
+        import torch.distributed as dist
+
+        # each process writes its own shard into the checkpoint's tmp dir; rank 0 then adds state.pt and renames it
+        tmp = root / f"step-{step:08d}.tmp"
+        if is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        self.engine.save_checkpoint(str(tmp), tag="engine", save_latest=False)
+        dist.barrier()
+        if is_main:
+            save_checkpoint(root, step, state, started=True)
+
+    def load(self, state: dict, step_dir: Path) -> None:
+        path, _ = self.engine.load_checkpoint(str(step_dir), tag="engine")
+        if path is None:
+            raise RuntimeError(f"DeepSpeed found no engine checkpoint under {step_dir}; delete {step_dir.parent} to start over")
+
+    def finish(self) -> None:
+        """Copy the trained fp32 master weights (gathered from every process: collective) into the caller's modules."""
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        with torch.no_grad():
+            for src, dst in zip(self.engine.module.parameters(), self.trainee.parameters()):
+                full = safe_get_full_fp32_param(src)
+                if full is not None:  # None: a frozen weight, never updated
+                    dst.copy_(full.reshape(dst.shape).to(dst.device, dst.dtype))
+
+
+def _find_checkpoint(checkpoint_dir: Path | None, world: int) -> tuple[int, Path] | None:
+    """The newest checkpoint, as rank 0 found it: every process resumes from the same one."""
+    found = latest_checkpoint(checkpoint_dir) if checkpoint_dir and _rank_world()[0] == 0 else None
+    if world > 1 and checkpoint_dir:
+        import torch.distributed as dist
+
+        box = [found]
+        dist.broadcast_object_list(box, src=0)
+        found = box[0]
+    return found
+
+
+def _gather_rng(world: int) -> list[dict]:
+    """Every process's RNG state (collective), so each resumes its own stream."""
+    if world == 1:
+        return [_rng_state()]
+    import torch.distributed as dist
+
+    out: list = [None] * world
+    dist.all_gather_object(out, _rng_state())
+    return out
+
+
 def train(teacher, student, data: TokenDataset | list[list[int]], cfg: DistillConfig, pad_id: int, *,
           layer_map: dict[int, int] | None = None, checkpoint_dir: Path | None = None, run_label: str = "local",
-          log: LogFn | None = None) -> DistillResult:
+          log: LogFn | None = None, zero_config: dict | None = None) -> DistillResult:
     """Run the distillation loop; `log(step, metrics)` receives each step's kd, ce, hidden_mse, total, lr and tokens_per_s.
 
     Resumes from the newest checkpoint in checkpoint_dir (if any) and writes one every cfg.checkpoint_every steps.
+    Under an initialized torch.distributed process group (tasks/distill_launch.py) every process runs this loop on its
+    share of each step's batch, with DistributedDataParallel, or a DeepSpeed ZeRO engine when zero_config (a DeepSpeed
+    config dict) is given; the logged terms are the whole step's, and only rank 0 logs, pushes gauges and writes
+    checkpoints (a ZeRO engine's shards are written by every process).
     """
     check_teacher_frozen(teacher)
     check_no_shared_storage(teacher, student)
     if cfg.beta > 0 and not layer_map:
         raise ValueError("distill.beta > 0 needs a teacher->student layer map (resolve_layer_map)")
+    rank, world = _rank_world()
+    if zero_config is not None and world == 1:
+        raise ValueError("a DeepSpeed ZeRO engine needs an initialized torch.distributed process group; run through "
+                         "tasks.distill_launch (distill.processes > 1), or train without zero_config")
+    is_main = rank == 0
+    log = log if is_main else None
     use_hidden = cfg.beta > 0
     device = next(student.parameters()).device
     teacher.eval()
@@ -691,65 +895,73 @@ def train(teacher, student, data: TokenDataset | list[list[int]], cfg: DistillCo
     s_layers = [layer_map[t] for t in t_layers]
     torch.manual_seed(cfg.seed)  # projection init is the same on a fresh and a resumed run (then overwritten by it)
     projections = make_projections(s_layers, student.config.hidden_size, teacher.config.hidden_size).to(device)
-    params = [p for p in student.parameters() if p.requires_grad] + list(projections.parameters())
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    warmup = max(1, cfg.steps // 10)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+    trainee = _Trainee(student, projections, s_layers)
+    engine = _ZeroEngine(trainee, cfg, zero_config) if zero_config is not None else _TorchEngine(trainee, cfg, world, device)
     order = BatchOrder(len(data), cfg.batch_size, cfg.seed)
     history: list[dict[str, float]] = []
     tokens, train_s, start = 0, 0.0, 0
     written: list[int] = []
 
-    found = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
+    found = _find_checkpoint(checkpoint_dir, world)
     if found:
         _, state_file = found
         # our own file under the profile's work dir; it holds RNG tuples and numpy arrays, hence weights_only=False
         state = torch.load(state_file, map_location=device, weights_only=False)
         if state["data"]["samples"] != len(data) or state["data"]["batch_size"] != cfg.batch_size:
             raise RuntimeError(f"checkpoint {state_file} was written for another training set or batch size; delete {checkpoint_dir}")
-        student.load_state_dict(state["student"])
-        projections.load_state_dict(state["projections"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        _set_rng_state(state["rng"])
+        # a torch checkpoint holds whole tensors (any process count resumes it); a ZeRO one holds one shard per process
+        written_by = state.get("engine", {"format": "torch", "world_size": 1})
+        if written_by["format"] != engine.format or (engine.format == "deepspeed" and written_by["world_size"] != world):
+            names = {"torch": "plain torch (one process or ddp)", "deepspeed": "deepspeed-zero3"}
+            raise RuntimeError(
+                f"checkpoint {state_file} was written by a {names[written_by['format']]} run of {written_by['world_size']} "
+                f"process(es); this run is {names[engine.format]} with {world}. Resume it with the distill.strategy and "
+                f"distill.processes it was written with, or delete {checkpoint_dir} to start over"
+            )
+        engine.load(state, state_file.parent)
+        _set_rng_state(_rank_rng(state, rank, world))
         history, tokens, train_s, start = state["history"], state["tokens"], state["train_s"], state["data"]["next_step"]
         logger.info("resumed from step %d (%s)", start, state_file.parent)
-        print(f"distill: resumed from step {start} ({state_file.parent})")
+        if is_main:
+            print(f"distill: resumed from step {start} ({state_file.parent})")
         if log:
             log(start, {"resumed_from_step": float(start)})
 
-    pusher = GaugePusher(cfg.pushgateway_url, run_label) if cfg.pushgateway_url else None
+    pusher = GaugePusher(cfg.pushgateway_url, run_label) if cfg.pushgateway_url and is_main else None
     watchdog = StallWatchdog(cfg.stall_timeout_s, cfg.steps, pusher.mark_stalled if pusher else None)
     with watchdog:
         watchdog.beat(start)
         for step in range(start, cfg.steps):
             t0 = time.perf_counter()
-            batch = [data[i] for i in order.indices(step)]
+            batch = [data[i] for i in order.indices(step, rank, world)]
             input_ids, attn, labels = (x.to(device) for x in collate(batch, pad_id))
             watchdog.check()
             check_teacher_frozen(teacher)  # every step: a callback or hook must not unfreeze it mid-run
             with torch.no_grad():
                 t_out = teacher(input_ids=input_ids, attention_mask=attn, output_hidden_states=use_hidden, use_cache=False)
-            s_out = student(input_ids=input_ids, attention_mask=attn, output_hidden_states=use_hidden, use_cache=False)
-            kd, ce = kd_terms(s_out.logits, t_out.logits, labels, cfg.temperature)
-            hid = None
+            logits, s_hidden = engine.module(input_ids, attn, use_hidden)
+            sums = StepSums(*kd_sums(logits, t_out.logits, labels, cfg.temperature))
             if use_hidden:
-                projs = [projections[str(j)] if str(j) in projections else None for j in s_layers]
-                hid = hidden_mse(_hidden(s_out, s_layers), _hidden(t_out, t_layers), attn, projs)
-            loss, parts = combine(kd, ce, hid, cfg.alpha, cfg.beta)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
+                sums.sse, sums.tsq, _ = hidden_sums(s_hidden, _hidden(t_out, t_layers), attn)
+            # each process divides its sums by the whole step's token count and teacher norms, so the processes' losses
+            # add up to the one-process loss of the whole batch, however padding and lengths fall across them
+            divisors = _all_sum(sums.divisors(), world)
+            loss, shares = rank_share(sums, divisors, cfg.alpha, cfg.beta)
+            # DDP and ZeRO average gradients over processes; scaled by the process count, that average is the sum of
+            # the processes' gradients: the one-process gradient of the whole batch
+            engine.backward(loss * world)
             watchdog.check()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            lr = opt.param_groups[0]["lr"]  # the rate this step used (the scheduler moves it on below)
-            opt.step()
-            sched.step()
+            lr = engine.lr()  # the rate this step used (the scheduler moves it on below)
+            engine.step()
             watchdog.beat(step + 1)
             watchdog.check()
             dt = time.perf_counter() - t0
-            n_tok = int(attn.sum())
+            n_local = float(attn.sum())
+            step_total = _all_sum(torch.cat([shares.double(), torch.tensor([n_local], dtype=torch.float64, device=shares.device)]), world)
+            kd, ce, hid, total, n_tok = step_total.tolist()
+            n_tok = int(n_tok)
             tokens, train_s = tokens + n_tok, train_s + dt
-            parts |= {"lr": lr, "tokens_per_s": n_tok / max(dt, 1e-9)}
+            parts = {"kd": kd, "ce": ce, "hidden_mse": hid, "total": total, "lr": lr, "tokens_per_s": n_tok / max(dt, 1e-9)}
             history.append(parts | {"step": step})
             if log:
                 log(step, parts)
@@ -757,14 +969,15 @@ def train(teacher, student, data: TokenDataset | list[list[int]], cfg: DistillCo
                 pusher.push(step + 1, parts["total"], parts["tokens_per_s"])
             done = step + 1
             if checkpoint_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
-                save_checkpoint(checkpoint_dir, done, {
-                    "student": student.state_dict(), "projections": projections.state_dict(),
-                    "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": _rng_state(),
+                rngs = _gather_rng(world)
+                engine.save(checkpoint_dir, done, {
+                    "rng": rngs[0], "rng_ranks": rngs, "engine": {"format": engine.format, "world_size": world},
                     "data": {"next_step": done, "samples": len(data), "batch_size": cfg.batch_size, "seed": cfg.seed},
                     "history": history, "tokens": tokens, "train_s": train_s,
-                })
+                }, is_main)
                 written.append(done)
                 watchdog.beat()
+    engine.finish()
     if cfg.gradient_checkpointing:
         student.gradient_checkpointing_disable()
     student.eval()
@@ -777,6 +990,7 @@ def train(teacher, student, data: TokenDataset | list[list[int]], cfg: DistillCo
         student_params=_count(student),
         resumed_from_step=start,
         checkpoints_written=written,
+        processes=world,
     )
 
 
@@ -829,12 +1043,10 @@ def checkpoint_root(work_dir: Path, run_key: str) -> Path:
     return work_dir / "checkpoints" / "distill" / run_key[:24]
 
 
-def run_distill(teacher_dir: Path, cfg: DistillConfig, corpora: list[Path], eval_texts: list[str], out_dir: Path,
-                work_dir: Path, student_from: Path | None = None, log: LogFn | None = None) -> dict:
-    """Checks → training set → train (resumable) → evaluate → save. Returns metrics; the student lands in out_dir."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_tokenizer(teacher_dir: Path, student_from: Path | None = None):
+    """The teacher's tokenizer, after checking that student_from's is the same one (no model is loaded)."""
+    from transformers import AutoTokenizer
 
-    log = log or (lambda step, metrics: None)
     tokenizer = AutoTokenizer.from_pretrained(teacher_dir)
     if student_from is not None:
         try:
@@ -845,7 +1057,33 @@ def run_distill(teacher_dir: Path, cfg: DistillConfig, corpora: list[Path], eval
                 "with next to its config (tokenizer.save_pretrained) so it can be checked against the teacher's"
             ) from None
         check_same_tokenizer(tokenizer, student_tok, teacher_dir, student_from)
+    return tokenizer
 
+
+@dataclass
+class PreparedRun:
+    """Everything a distillation run has before its first step: checked models, the training set, held-out text."""
+
+    tokenizer: object
+    teacher: torch.nn.Module
+    student: torch.nn.Module
+    layer_map: dict[int, int] | None
+    checks: dict[str, float]
+    data: TokenDataset
+    data_stats: dict
+    held_out: list[list[int]]
+    run_key: str
+    checkpoint_dir: Path
+
+
+def prepare_run(teacher_dir: Path, cfg: DistillConfig, corpora: list[Path], eval_texts: list[str], work_dir: Path,
+                student_from: Path | None = None, log: LogFn | None = None) -> PreparedRun:
+    """Checks that need no training (tokenizers, vocabularies, frozen teacher, memory budget, size ratio), then the
+    models (on the CPU) and the training set (built once, cached by content)."""
+    from transformers import AutoModelForCausalLM
+
+    log = log or (lambda step, metrics: None)
+    tokenizer = load_tokenizer(teacher_dir, student_from)
     torch.manual_seed(cfg.seed)
     teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32)
     teacher.requires_grad_(False)
@@ -875,28 +1113,26 @@ def run_distill(teacher_dir: Path, cfg: DistillConfig, corpora: list[Path], eval
     held_out, _ = tokenize_corpus(eval_texts, tokenizer, cfg.max_seq_len)
     if not held_out:
         raise ValueError("no held-out evaluation text of 2+ tokens; check gate.eval_sources")
-
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    teacher.to(device)
-    student.to(device)
-    before = compare_to_teacher(teacher, student, held_out)
     run_key = distill_run_key(teacher_dir, student_from, cfg, data_stats["dataset_key"])
-    ckpt = checkpoint_root(work_dir, run_key)
-    result = train(teacher, student, data, cfg, tokenizer.pad_token_id, layer_map=layer_map, checkpoint_dir=ckpt,
-                   run_label=run_key[:12], log=log)
-    after = compare_to_teacher(teacher, student, held_out)
+    return PreparedRun(tokenizer, teacher, student, layer_map, checks, data, data_stats, held_out, run_key,
+                       checkpoint_root(work_dir, run_key))
 
-    student.to("cpu")
+
+def finish_run(run: PreparedRun, before: dict[str, float], result: DistillResult, out_dir: Path) -> dict:
+    """Evaluate the trained student against the teacher, save it (with the tokenizer and a manifest) to out_dir,
+    drop the run's checkpoints, and return run_distill's metrics."""
+    after = compare_to_teacher(run.teacher, run.student, run.held_out)
+    run.student.to("cpu")
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    student.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    run.student.save_pretrained(tmp)
+    run.tokenizer.save_pretrained(tmp)
     write_manifest(tmp)
     if out_dir.exists():
         shutil.rmtree(out_dir)
     tmp.rename(out_dir)
     # The student is saved: its checkpoints are no longer needed (a retry now hits the Prefect cache).
-    shutil.rmtree(ckpt, ignore_errors=True)
+    shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
     return {
         **after,
         "student_ppl_before_training": before["student_ppl"],
@@ -905,7 +1141,22 @@ def run_distill(teacher_dir: Path, cfg: DistillConfig, corpora: list[Path], eval
         "final_loss": result.final_loss,
         "mean_tokens_per_s": result.tokens_per_s,
         "resumed_from_step": result.resumed_from_step,
-        **checks,
-        **{k: v for k, v in data_stats.items() if k != "dataset_key"},
+        "training_processes": result.processes,
+        **run.checks,
+        **{k: v for k, v in run.data_stats.items() if k != "dataset_key"},
         "history": result.history,
     }
+
+
+def run_distill(teacher_dir: Path, cfg: DistillConfig, corpora: list[Path], eval_texts: list[str], out_dir: Path,
+                work_dir: Path, student_from: Path | None = None, log: LogFn | None = None) -> dict:
+    """Checks → training set → train (resumable) → evaluate → save, in this process. Returns metrics; the student
+    lands in out_dir. tasks/distill_launch.py:run_distill_distributed is the same over several processes."""
+    run = prepare_run(teacher_dir, cfg, corpora, eval_texts, work_dir, student_from, log)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    run.teacher.to(device)
+    run.student.to(device)
+    before = compare_to_teacher(run.teacher, run.student, run.held_out)
+    result = train(run.teacher, run.student, run.data, cfg, run.tokenizer.pad_token_id, layer_map=run.layer_map,
+                   checkpoint_dir=run.checkpoint_dir, run_label=run.run_key[:12], log=log)
+    return finish_run(run, before, result, out_dir)

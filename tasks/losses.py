@@ -1,13 +1,41 @@
 """Distillation loss math, apart from the training loop (tested on hand-computed tensors).
 
 total = α·KL(p_T ‖ p_S at temperature T)·T² + (1−α)·CE(student, labels) + β·MSE(proj(h_S), h_T) / mean(h_T²)
+
+Every term is a sum over the step's tokens divided by a count (or, for the relative MSE, by the teacher's sum of
+squares). The *_sums functions return the sums and the divisors separately, so that a step split across processes
+divides each process's sums by the divisors of the whole step (StepSums, rank_share) and the processes' shares add
+up to exactly the one-process loss.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+
+def kd_sums(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float,
+    ignore_index: int = -100,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(Σ KL(p_T ‖ p_S at temperature T)·T², Σ CE(student, labels), number of target tokens) over non-ignored tokens.
+
+    Logits are [batch, seq, vocab] and already aligned with `labels` (position t predicts labels[t]).
+    """
+    mask = labels != ignore_index
+    s = student_logits[mask].float()
+    t = teacher_logits[mask].float()
+    log_ps = F.log_softmax(s / temperature, dim=-1)
+    log_pt = F.log_softmax(t / temperature, dim=-1)
+    # KL(p_T || p_S) = sum p_T (log p_T - log p_S); T² keeps the gradient scale independent of T (Hinton et al.).
+    kd = (log_pt.exp() * (log_pt - log_ps)).sum() * temperature**2
+    ce = F.cross_entropy(s, labels[mask], reduction="sum")
+    return kd, ce, mask.sum()
 
 
 def kd_terms(
@@ -21,15 +49,48 @@ def kd_terms(
 
     Logits are [batch, seq, vocab] and already aligned with `labels` (position t predicts labels[t]).
     """
-    mask = labels != ignore_index
-    s = student_logits[mask].float()
-    t = teacher_logits[mask].float()
-    log_ps = F.log_softmax(s / temperature, dim=-1)
-    log_pt = F.log_softmax(t / temperature, dim=-1)
-    # KL(p_T || p_S) = sum p_T (log p_T - log p_S); T² keeps the gradient scale independent of T (Hinton et al.).
-    kd = (log_pt.exp() * (log_pt - log_ps)).sum(-1).mean() * temperature**2
-    ce = F.cross_entropy(s, labels[mask])
-    return kd, ce
+    kd, ce, n = kd_sums(student_logits, teacher_logits, labels, temperature, ignore_index)
+    return kd / n, ce / n
+
+
+# Guards the relative MSE's divisor against an all-zero teacher hidden state.
+_TINY = 1e-12
+
+
+def hidden_sums(
+    student_hidden: Sequence[torch.Tensor],
+    teacher_hidden: Sequence[torch.Tensor],
+    attention_mask: torch.Tensor,
+    projections: Sequence[torch.nn.Module | None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per mapped layer pair, over non-padding positions: (Σ squared error of the (projected) student hidden state,
+    Σ teacher hidden state² (no gradient), number of elements per layer); the first two are [n_layers] tensors.
+
+    student_hidden[i] ([batch, seq, d_S]) is matched with teacher_hidden[i] ([batch, seq, d_T]); when d_S != d_T,
+    projections[i] maps d_S -> d_T (a learned linear layer).
+    """
+    if len(student_hidden) != len(teacher_hidden):
+        raise ValueError(f"hidden_mse got {len(student_hidden)} student and {len(teacher_hidden)} teacher layers; pass one of each per mapped pair")
+    if not student_hidden:
+        raise ValueError("hidden_mse needs at least one mapped layer pair")
+    projections = projections or [None] * len(student_hidden)
+    mask = attention_mask.bool()
+    sse, tsq = [], []
+    n = None
+    for hs, ht, proj in zip(student_hidden, teacher_hidden, projections):
+        hs = hs[mask].float()
+        ht = ht[mask].float()
+        if proj is not None:
+            hs = proj(hs)
+        if hs.shape[-1] != ht.shape[-1]:
+            raise ValueError(
+                f"hidden_mse: student width {hs.shape[-1]} != teacher width {ht.shape[-1]} and no projection given; "
+                "pass a linear projection (make_projections) for layers whose widths differ"
+            )
+        sse.append((hs - ht).pow(2).sum())
+        tsq.append(ht.pow(2).sum().detach())
+        n = ht.numel()
+    return torch.stack(sse), torch.stack(tsq), torch.tensor(n, device=sse[0].device)
 
 
 def hidden_mse(
@@ -45,31 +106,51 @@ def hidden_mse(
     projections[i] maps d_S -> d_T (a learned linear layer). Padding positions (attention_mask == 0) are excluded.
     relative=True divides each layer's MSE by the teacher hidden state's mean square (a constant, no gradient).
     """
-    if len(student_hidden) != len(teacher_hidden):
-        raise ValueError(f"hidden_mse got {len(student_hidden)} student and {len(teacher_hidden)} teacher layers; pass one of each per mapped pair")
-    if not student_hidden:
-        raise ValueError("hidden_mse needs at least one mapped layer pair")
-    projections = projections or [None] * len(student_hidden)
-    mask = attention_mask.bool()
-    per_layer = []
-    for hs, ht, proj in zip(student_hidden, teacher_hidden, projections):
-        hs = hs[mask].float()
-        ht = ht[mask].float()
-        if proj is not None:
-            hs = proj(hs)
-        if hs.shape[-1] != ht.shape[-1]:
-            raise ValueError(
-                f"hidden_mse: student width {hs.shape[-1]} != teacher width {ht.shape[-1]} and no projection given; "
-                "pass a linear projection (make_projections) for layers whose widths differ"
-            )
-        mse = F.mse_loss(hs, ht)
-        if relative:
-            # The residual stream's scale differs by orders of magnitude across layers (SmolLM2-135M: mean square
-            # ~50 after layer 3, ~16,000 after layer 12, where a few "massive activation" channels reach 25,000).
-            # Raw MSE would be dominated by those layers and dwarf the KD term; relative MSE weighs layers alike.
-            mse = mse / ht.pow(2).mean().detach().clamp_min(1e-12)
-        per_layer.append(mse)
-    return torch.stack(per_layer).mean()
+    sse, tsq, n = hidden_sums(student_hidden, teacher_hidden, attention_mask, projections)
+    if relative:
+        # The residual stream's scale differs by orders of magnitude across layers (SmolLM2-135M: mean square
+        # ~50 after layer 3, ~16,000 after layer 12, where a few "massive activation" channels reach 25,000).
+        # Raw MSE would be dominated by those layers and dwarf the KD term; relative MSE weighs layers alike.
+        # MSE / mean(h_T²) = Σ error² / Σ h_T²: the element count cancels.
+        return (sse / tsq.clamp_min(_TINY)).mean()
+    return (sse / n).mean()
+
+
+@dataclass
+class StepSums:
+    """One process's share of a step's loss terms as sums (kd_sums, hidden_sums); sse/tsq are None without the beta term."""
+
+    kd: torch.Tensor
+    ce: torch.Tensor
+    n_tokens: torch.Tensor
+    sse: torch.Tensor | None = None
+    tsq: torch.Tensor | None = None
+
+    def divisors(self) -> torch.Tensor:
+        """[target tokens, Σ teacher² per mapped layer...] (float64, no gradient): what the sums are divided by.
+
+        Summed over the processes of a step (all_reduce), it is the whole step's divisors.
+        """
+        parts = [self.n_tokens.detach().reshape(1).double()]
+        if self.tsq is not None:
+            parts.append(self.tsq.detach().double())
+        return torch.cat(parts)
+
+
+def rank_share(sums: StepSums, divisors: torch.Tensor, alpha: float, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(this process's share of the step loss, its [kd, ce, hidden_mse, total] shares, no gradient).
+
+    `divisors` are the whole step's (StepSums.divisors summed over processes): the shares of all processes then
+    add up to the loss of the whole step computed in one process, term by term.
+    """
+    d = divisors.to(sums.kd.dtype)
+    kd, ce = sums.kd / d[0], sums.ce / d[0]
+    total = alpha * kd + (1 - alpha) * ce
+    hid = torch.zeros_like(kd)
+    if sums.sse is not None and beta > 0:
+        hid = (sums.sse / d[1:].clamp_min(_TINY)).mean()
+        total = total + beta * hid
+    return total, torch.stack([kd, ce, hid, total]).detach()
 
 
 def make_projections(student_layers: Sequence[int], student_width: int, teacher_width: int) -> torch.nn.ModuleDict:

@@ -6,6 +6,7 @@ import os
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -86,6 +87,35 @@ def stage_run(ctx: ReleaseContext, stage: str, params: dict | None = None) -> It
     client.log_metric(run_id, "stage_wall_s", time.perf_counter() - t0)
     client.log_metric(run_id, "stage_peak_rss_mb", peak.mb)
     client.set_terminated(run_id, "FINISHED")
+
+
+@dataclass
+class MlflowStepLogger:
+    """A `log(step, metrics)` callback writing one MLflow batch per call (one request per step, not per metric).
+
+    A class rather than a closure so that a multi-process distillation can hand its tracking URI and run id to the
+    process that logs (tasks/distill_launch.py).
+    """
+
+    client: Any
+    run_id: str
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.client.tracking_uri
+
+    def __call__(self, step: int, metrics: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        batch = [Metric(k, float(v), ts, step) for k, v in metrics.items() if k != "step" and isinstance(v, (int, float))]
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch)
+
+
+def mlflow_step_logger(client: Any, run_id: str) -> MlflowStepLogger:
+    """A `log(step, metrics)` callback writing each step's metrics to run_id as one MLflow batch."""
+    return MlflowStepLogger(client, run_id)
 
 
 # Distill-run tag: {training file: sha256}. Training files are inputs, not outputs, so no ArtifactRef
