@@ -147,12 +147,25 @@ def compile_kernels() -> tuple[Path, dict[str, Any]]:
     return lib, facts
 
 
+def _load_library(path: Path) -> ctypes.CDLL:
+    """dlopen the kernels. Their OpenMP runtime (the system libgomp, which torch wheels do not share: they
+    bundle their own) waits passively unless OMP_WAIT_POLICY says otherwise: spinning barriers collapsed
+    to 2-3x slower steps on a busy 2-core box. libgomp reads the variable once, when it is first loaded,
+    so it is set only around this dlopen and the process environment is left as it was."""
+    old = os.environ.get("OMP_WAIT_POLICY")
+    os.environ["OMP_WAIT_POLICY"] = old or "PASSIVE"
+    try:
+        return ctypes.CDLL(str(path))
+    finally:
+        if old is None:
+            del os.environ["OMP_WAIT_POLICY"]
+
+
 def _library() -> ctypes.CDLL:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning barriers collapse on a shared, busy CPU
     path, _ = compile_kernels()
     with _LIB_LOCK:
         if str(path) not in _LIBS:
-            lib = ctypes.CDLL(str(path))
+            lib = _load_library(path)
             P, I, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
             lib.q4i_gemm.argtypes = [P, I, I, I, P, P, P, P, I]
             lib.f32_gemm.argtypes = [P, I, I, I, P, P, I]

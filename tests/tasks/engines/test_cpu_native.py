@@ -347,3 +347,37 @@ def test_unsupported_architecture_and_profile(checkpoints, tmp_path: Path) -> No
         cpu_native.build(bad, tmp_path / "engine", {})
     with pytest.raises(ValueError, match="unknown cpu_native engine profile keys"):
         cpu_native.build(checkpoints["dense"], tmp_path / "engine", {"lm_head": "int8"})
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. runtime environment
+# ---------------------------------------------------------------------------------------------
+
+
+def test_load_generate_score_do_not_import_torch(engines, tmp_path: Path) -> None:
+    """The served runtime is numpy + ctypes: loading the engine must not pull in torch (~500 MB)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; from pathlib import Path; from tasks.engines import cpu_native as c; "
+            f"s = c.load(Path({str(engines['asym'])!r})); t = list(c.generate(s, [5, 6, 7], 3, [])); "
+            "c.score(s, [5, 6, 7]); c.generate_batch(s, [[5], [6, 7]], 2, []); "
+            "print(len(t), 'torch' in sys.modules, 'OMP_WAIT_POLICY' in __import__('os').environ)")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60,
+                         cwd=Path(__file__).resolve().parents[3])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["3", "False", "False"]
+
+
+def test_thread_count_env(engines, sessions, monkeypatch) -> None:
+    ids = _prompts()[2]
+    want = list(cpu_native.generate(sessions["asym"], ids, 8, []))
+    monkeypatch.setenv(cpu_native.cpu_onnx.THREADS_ENV, "1")
+    one = cpu_native.load(engines["asym"])
+    assert one.threads == 1
+    assert list(cpu_native.generate(one, ids, 8, [])) == want  # row results do not depend on the split
+    monkeypatch.setenv(cpu_native.cpu_onnx.THREADS_ENV, "0")
+    with pytest.raises(ValueError, match=cpu_native.cpu_onnx.THREADS_ENV):
+        cpu_native.load(engines["asym"])
