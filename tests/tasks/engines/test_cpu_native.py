@@ -67,6 +67,8 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                       tie_word_embeddings=True, initializer_range=0.08)
     LlamaForCausalLM(cfg).save_pretrained(root / "dense")
+    cfg.tie_word_embeddings = False
+    LlamaForCausalLM(cfg).save_pretrained(root / "untied")
 
     class _Lazy(dict):
         def __missing__(self, name: str) -> Path:
@@ -74,7 +76,7 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
             self[name] = _rtn(root / "dense", root / name, sym, gs)
             return self[name]
 
-    return _Lazy(dense=root / "dense")
+    return _Lazy(dense=root / "dense", untied=root / "untied")
 
 
 @pytest.fixture(scope="session")
@@ -124,7 +126,7 @@ def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("variant", ["asym", "sym", "dense"])
+@pytest.mark.parametrize("variant", ["asym", "sym", "dense", "untied"])
 def test_matches_hf(variant: str, checkpoints, sessions, record_property) -> None:
     model = _hf(checkpoints[variant])
     session = sessions[variant]
@@ -139,7 +141,8 @@ def test_matches_hf(variant: str, checkpoints, sessions, record_property) -> Non
         max_diff = max(max_diff, float(np.abs(logits - ref).max()))
     record_property("max_abs_logit_diff", max_diff)
     assert max_diff < 1e-3
-    assert session.meta["weights"] == ("fp32" if variant == "dense" else "int4-g64-interleaved")
+    assert session.meta["weights"] == ("int4-g64-interleaved" if variant in ("asym", "sym") else "fp32")
+    assert session.meta["lm_head"]["tied"] is (variant != "untied")
 
 
 def test_int4_kernel_matches_dequantized_weights(checkpoints, sessions) -> None:
@@ -381,3 +384,55 @@ def test_thread_count_env(engines, sessions, monkeypatch) -> None:
     monkeypatch.setenv(cpu_native.cpu_onnx.THREADS_ENV, "0")
     with pytest.raises(ValueError, match=cpu_native.cpu_onnx.THREADS_ENV):
         cpu_native.load(engines["asym"])
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. a real student (SmolLM2 layers), when the teacher is available
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_real_student_parity(tmp_path_factory, record_property) -> None:
+    """3 layers of the SmolLM2 teacher ($EDGEFLOW_TEST_TEACHER), RTN int4 asym: greedy and teacher-forced parity."""
+    import os
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    teacher = os.environ.get("EDGEFLOW_TEST_TEACHER")
+    if not teacher or not Path(teacher, "config.json").exists():
+        pytest.skip("$EDGEFLOW_TEST_TEACHER does not name a local teacher checkpoint")
+    root = tmp_path_factory.mktemp("native_real")
+    model = AutoModelForCausalLM.from_pretrained(teacher, dtype=torch.float32)
+    model.model.layers = torch.nn.ModuleList([model.model.layers[i] for i in (0, 15, 29)])
+    for i, layer in enumerate(model.model.layers):
+        layer.self_attn.layer_idx = i
+    model.config.num_hidden_layers = 3
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:3]
+    model.save_pretrained(root / "dense")
+    tok = AutoTokenizer.from_pretrained(teacher)
+    tok.save_pretrained(root / "dense")
+    ckpt = _rtn(root / "dense", root / "asym", symmetric=False)
+    cpu_native.build(ckpt, root / "engine", {})
+    session = cpu_native.load(root / "engine")
+    hf = _hf(ckpt)
+    agree = total = top1 = positions = 0
+    max_diff = 0.0
+    for prompt in ("What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers."):
+        ids = [int(i) for i in tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                       tokenize=True, return_dict=False)]
+        ref = _hf_greedy(hf, ids, 32)
+        got = list(cpu_native.generate(session, ids, 32, []))
+        agree += sum(a == b for a, b in zip(ref, got))
+        total += len(ref)
+        logits = cpu_native.score(session, ids + ref)
+        with torch.no_grad():
+            want = hf(torch.tensor([ids + ref])).logits[0].numpy()
+        max_diff = max(max_diff, float(np.abs(logits - want).max()))
+        top1 += int((logits.argmax(-1) == want.argmax(-1)).sum())
+        positions += len(logits)
+    record_property("token_agreement", agree / total)
+    record_property("max_abs_logit_diff", max_diff)
+    print(f"real student: greedy {agree}/{total}, top-1 {top1}/{positions}, max |dlogit| {max_diff:.2e}, head {session.stats}")
+    assert agree / total >= 0.98 and top1 / positions >= 0.98
+    assert max_diff < 1e-3
