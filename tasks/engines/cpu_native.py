@@ -427,6 +427,7 @@ def check_compatible(engine_dir: Path) -> None:
     absent = [f for f in meta.get("model_files", [WEIGHTS]) if not (Path(engine_dir) / f).exists()]
     if absent:
         raise EngineIncompatibleError(f"{engine_dir}: engine files missing: {absent}")
+    _compiler()  # the kernels are compiled on this machine (once, cached): no compiler, no engine
 
 
 @dataclass

@@ -302,12 +302,14 @@ def test_check_compatible_names_both_sides(engines, tmp_path: Path, monkeypatch)
         cpu_native.check_compatible(engines["asym"])
 
 
-def test_missing_compiler_is_named(checkpoints, tmp_path: Path, monkeypatch) -> None:
+def test_missing_compiler_is_named(checkpoints, engines, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("CC", "no-such-cc")
     monkeypatch.setenv(cpu_native.CACHE_ENV, str(tmp_path / "cache"))
     with pytest.raises(EngineIncompatibleError, match="'no-such-cc' is not on PATH.*engine.backend: cpu"):
         cpu_native.build(checkpoints["dense"], tmp_path / "engine", {})
     assert not (tmp_path / "engine").exists()
+    with pytest.raises(EngineIncompatibleError, match="'no-such-cc' is not on PATH"):
+        cpu_native.check_compatible(engines["asym"])
 
 
 def _edit_group(ckpt: Path, dst: Path, **weights) -> Path:
