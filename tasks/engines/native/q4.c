@@ -16,7 +16,9 @@
 // 2. f32_gemm: the same contract for plain fp32 weights [N, K] (dense checkpoints, dequantized schemes).
 // 3. head_argmax: exact greedy argmax of x . E_r over the fp32 lm_head E [V, K] from an int8 per-row
 //    copy. With a_r the int8 logit and d_r = ||E_r - Ehat_r||, Cauchy-Schwarz gives
-//    |x . E_r - a_r| <= ||x|| d_r; adding an fp32 accumulation slack of 1e-5 ||x|| ||E_r|| gives e_r.
+//    |x . E_r - a_r| <= ||x|| d_r; adding an fp32 accumulation slack c_K ||x|| ||E_r|| gives e_r, where c_K
+//    covers the rounding of both the int8 pass (8 lanes of K/8 sequential FMAs, then a 3-level sum) and the
+//    fp32 rescoring (16 lanes of K/16): about (K/8 + K/16 + 8) unit roundoffs, doubled, and at least 1e-5.
 //    Every row with a_r + e_r >= max_j (a_j - e_j) is a candidate: the true argmax is always one of them.
 //    Candidates are rescored in fp32 against E; above max_cand candidates one full fp32 pass runs.
 // 4. llama_step: a whole Llama decoder pass for M <= 4 rows (RMSNorm, fused qkv, RoPE, KV write, GQA
@@ -180,14 +182,16 @@ static float dotK(const float* a, const float* b, int K) {
 void head_argmax(const float* x, int M, int K, int V, int Vp, const int8_t* wi, const float* s, const float* dn,
                  const float* en, const float* E, float* a, int* cand, int max_cand, int* out_tok, int* ncand, int nt) {
     q8i_gemm(x, M, K, Vp, wi, s, a, nt);
+    const double ck = (K / 8 + K / 16 + 8) * 2.0 * 5.97e-8;  // 2 * (lanes' sequential terms) * 2^-24
+    const float slack = (float)(ck > 1e-5 ? ck : 1e-5);
     for (int m = 0; m < M; m++) {
         const float* xm = x + (size_t)m * K; const float* am = a + (size_t)m * Vp; int* cm = cand + (size_t)m * V;
         double ss = 0; for (int i = 0; i < K; i++) ss += (double)xm[i] * xm[i];
         const float xn = (float)sqrt(ss) * 1.000001f;
         float lo = -INFINITY;
-        for (int r = 0; r < V; r++) { float e = xn * (dn[r] + 1e-5f * en[r]); float v = am[r] - e; if (v > lo) lo = v; }
+        for (int r = 0; r < V; r++) { float e = xn * (dn[r] + slack * en[r]); float v = am[r] - e; if (v > lo) lo = v; }
         int n = 0;
-        for (int r = 0; r < V; r++) { float e = xn * (dn[r] + 1e-5f * en[r]); if (am[r] + e >= lo) cm[n++] = r; }
+        for (int r = 0; r < V; r++) { float e = xn * (dn[r] + slack * en[r]); if (am[r] + e >= lo) cm[n++] = r; }
         int best = 0; float bv = -INFINITY;
         if (n <= max_cand) {
             for (int i = 0; i < n; i++) { float v = dotK(xm, E + (size_t)cm[i] * K, K); if (v > bv) { bv = v; best = cm[i]; } }
