@@ -4,10 +4,11 @@
 
 Rows: HF eager fp32 (dense checkpoint), engine fp32 (dense checkpoint), engine int4 with the default
 profile and with the "fast" profile (accuracy_level 4, int8 lm_head) built from the compressed-tensors
-checkpoint. For each: decode tok/s (median of --repeats greedy runs of --tokens new tokens, prefill
+checkpoint, and the native backend (cpu_native: exact int4 C kernels, exact-argmax lm_head). For each: decode tok/s (median of --repeats greedy runs of --tokens new tokens, prefill
 included, EOS ignored), TTFT, engine size, and for the int4 rows parity vs the fake-quantized HF model
 (greedy token agreement over 5 chat prompts x --parity-tokens and teacher-forced score() top-1
-agreement). Then aggregate tok/s of 2 concurrent streams vs 1 on the default int4 engine.
+agreement). Then aggregate tok/s of 2 concurrent streams vs 1 on the default int4 engine, and on the
+native engine both 2 threads and one batched step for 2 streams (`cpu_native.generate_batch`).
 Prints a markdown table, then the raw numbers as JSON.
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from tasks.engines import cpu_onnx  # noqa: E402
+from tasks.engines import cpu_native, cpu_onnx  # noqa: E402
 
 PROMPTS = (
     "What is the capital of France?",
@@ -80,36 +81,36 @@ def _median_rate(fn, n: int, repeats: int) -> tuple[float, list[float]]:
     return statistics.median(rates), rates
 
 
-def _engine_ttft(session, ids: list[int], repeats: int) -> float:
+def _engine_ttft(backend, session, ids: list[int], repeats: int) -> float:
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        next(iter(cpu_onnx.generate(session, ids, 1, [])))
+        next(iter(backend.generate(session, ids, 1, [])))
         times.append(time.perf_counter() - t)
     return statistics.median(times)
 
 
-def _parity(session, ref_model, prompts_ids: list[list[int]], n: int) -> dict:
+def _parity(backend, session, ref_model, prompts_ids: list[list[int]], n: int) -> dict:
     agree = total = 0
     top1 = []
     for ids in prompts_ids:
         ref = _hf_generate(ref_model, ids, n, ignore_eos=False)
-        got = list(cpu_onnx.generate(session, ids, n, [EOS]))
+        got = list(backend.generate(session, ids, n, [EOS]))
         agree += sum(a == b for a, b in zip(ref, got))
         total += max(len(ref), len(got))
         seq = ids + ref
         with torch.no_grad():
             hf = ref_model(torch.tensor([seq])).logits[0].numpy()
-        top1.append(float((cpu_onnx.score(session, seq).argmax(-1) == hf.argmax(-1)).mean()))
+        top1.append(float((backend.score(session, seq).argmax(-1) == hf.argmax(-1)).mean()))
     return {"token_agreement": agree / total, "score_top1": float(np.mean(top1))}
 
 
-def _streams(session, ids: list[int], n: int, k: int) -> float:
+def _streams(backend, session, ids: list[int], n: int, k: int) -> float:
     """Aggregate tok/s of k concurrent generate() calls (one Python thread each)."""
     counts = [0] * k
 
     def run(i: int) -> None:
-        counts[i] = sum(1 for _ in cpu_onnx.generate(session, ids, n, []))
+        counts[i] = sum(1 for _ in backend.generate(session, ids, n, []))
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(k)]
     t = time.perf_counter()
@@ -164,32 +165,45 @@ def main(argv: list[str] | None = None) -> dict:
     del dense_model
 
     builds = [
-        ("engine fp32 (dense)", args.checkpoint, {}),
-        ("engine int4 default profile", args.quantized, {}),
-        ("engine int4 fast profile (acc4, int8 lm_head)", args.quantized, FAST_PROFILE),
+        ("engine fp32 (dense)", args.checkpoint, {}, cpu_onnx),
+        ("engine int4 default profile", args.quantized, {}, cpu_onnx),
+        ("engine int4 fast profile (acc4, int8 lm_head)", args.quantized, FAST_PROFILE, cpu_onnx),
+        ("cpu_native int4 (exact kernels, exact-argmax head)", args.quantized, {}, cpu_native),
     ]
     ref_model = _hf(args.quantized)
     sessions = {}
-    for i, (name, ckpt, profile) in enumerate(builds):
+    for i, (name, ckpt, profile, backend) in enumerate(builds):
         out = work / f"engine{i}"
         t = time.perf_counter()
-        meta = cpu_onnx.build(ckpt, out, profile)
+        meta = backend.build(ckpt, out, profile)
         build_s = time.perf_counter() - t
-        session = cpu_onnx.load(out)
+        session = backend.load(out)
         sessions[name] = session
-        list(cpu_onnx.generate(session, speed_ids, 4, []))  # warm-up (ORT first-run allocations)
-        rate, rates = _median_rate(lambda: list(cpu_onnx.generate(session, speed_ids, n, [])), n, args.repeats)
-        row = {"name": name, "tok_s": rate, "runs": rates, "ttft_s": _engine_ttft(session, speed_ids, args.repeats),
+        list(backend.generate(session, speed_ids, 4, []))  # warm-up (ORT first-run allocations)
+        rate, rates = _median_rate(lambda: list(backend.generate(session, speed_ids, n, [])), n, args.repeats)
+        row = {"name": name, "tok_s": rate, "runs": rates, "ttft_s": _engine_ttft(backend, session, speed_ids, args.repeats),
                "build_s": build_s, "size_mb": _size_mb(out), "profile": meta["profile"] if ckpt == args.quantized else None,
-               "builder_options": meta["builder_options"]}
+               "builder_options": meta.get("builder_options")}
         if ckpt == args.quantized:
-            row.update(_parity(session, ref_model, parity_ids, args.parity_tokens))
+            row.update(_parity(backend, session, ref_model, parity_ids, args.parity_tokens))
         results["rows"].append(row)
 
     default = sessions["engine int4 default profile"]
-    one = statistics.median(_streams(default, speed_ids, n, 1) for _ in range(args.repeats))
-    two = statistics.median(_streams(default, speed_ids, n, 2) for _ in range(args.repeats))
+    one = statistics.median(_streams(cpu_onnx, default, speed_ids, n, 1) for _ in range(args.repeats))
+    two = statistics.median(_streams(cpu_onnx, default, speed_ids, n, 2) for _ in range(args.repeats))
     results["streams"] = {"one_stream_tok_s": one, "two_streams_aggregate_tok_s": two, "ratio": two / one}
+    native = sessions["cpu_native int4 (exact kernels, exact-argmax head)"]
+    one = statistics.median(_streams(cpu_native, native, speed_ids, n, 1) for _ in range(args.repeats))
+    two = statistics.median(_streams(cpu_native, native, speed_ids, n, 2) for _ in range(args.repeats))
+
+    def batched() -> float:
+        t = time.perf_counter()
+        got = cpu_native.generate_batch(native, [speed_ids, speed_ids], n, [])
+        return sum(map(len, got)) / (time.perf_counter() - t)
+
+    results["native_streams"] = {"one_stream_tok_s": one, "two_threads_aggregate_tok_s": two,
+                                 "two_batched_aggregate_tok_s": statistics.median(batched() for _ in range(args.repeats)),
+                                 "head_stats": dict(native.stats)}
     results["loadavg_end"] = os.getloadavg()
     if args.workdir is None:
         shutil.rmtree(work, ignore_errors=True)
@@ -223,6 +237,13 @@ def render(r: dict) -> str:
         f"Concurrency (int4 default engine): 1 stream {s['one_stream_tok_s']:.1f} tok/s, "
         f"2 concurrent streams {s['two_streams_aggregate_tok_s']:.1f} tok/s aggregate ({s['ratio']:.2f}x).",
     ]
+    s = r["native_streams"]
+    lines.append(
+        f"Concurrency (cpu_native): 1 stream {s['one_stream_tok_s']:.1f} tok/s, 2 threads "
+        f"{s['two_threads_aggregate_tok_s']:.1f} tok/s aggregate ({s['two_threads_aggregate_tok_s'] / s['one_stream_tok_s']:.2f}x), "
+        f"2 streams batched {s['two_batched_aggregate_tok_s']:.1f} tok/s aggregate "
+        f"({s['two_batched_aggregate_tok_s'] / s['one_stream_tok_s']:.2f}x)."
+    )
     return "\n".join(lines)
 
 

@@ -240,7 +240,7 @@ class QuantizeConfig(_Strict):
 
 
 class EngineConfig(_Strict):
-    backend: Literal["cpu", "tensorrt_llm"] = Field(default="cpu", description="Key of tasks.engines.BACKENDS.")
+    backend: Literal["cpu", "cpu_native", "tensorrt_llm"] = Field(default="cpu", description="Key of tasks.engines.BACKENDS.")
     profile: dict = Field(default_factory=dict, description="Backend build options (see the backend's DEFAULT_PROFILE).")
 
 

@@ -26,6 +26,7 @@ from types import ModuleType
 
 BACKENDS: dict[str, str] = {
     "cpu": "tasks.engines.cpu_onnx",
+    "cpu_native": "tasks.engines.cpu_native",
     "tensorrt_llm": "tasks.engines.tensorrt_llm",
 }
 

@@ -1,0 +1,635 @@
+"""build(Path("ckpt"), Path("eng"), {}); s = load(Path("eng")); print(list(generate(s, [1, 9690], 8, [2])))
+
+Native CPU engine backend: a small Llama decoder in C (AVX2 + FMA, `native/q4.c`) driven through ctypes.
+
+* The int4 body runs the checkpoint's own integers: y = sum_g s * sum_k (q - z) * x with fp32
+  activations, so the engine computes what the fake-quantized HF model computes (only the fp32
+  summation order differs; logits agree to ~1e-4). Dense checkpoints, and quantized schemes the
+  int4 kernel cannot hold (8-bit, group size != 64, act-order, mixed recipes) with
+  `inexact_weights: dequantize`, run fp32 weights through an fp32 kernel of the same shape;
+  engine.json says so under "dequantized".
+* Greedy decoding uses an exact-argmax lm_head: an int8 per-row copy of the fp32 head gives
+  approximate logits, a per-row Cauchy-Schwarz bound selects every row that could be the argmax, and
+  those are rescored in fp32 against the original table (one full fp32 pass when there are more than
+  `max_candidates`). The chosen token is the fp32 argmax, not an approximation of it.
+* `score` runs the full fp32 head (one SGEMM over all positions).
+* One decoder step carries up to 4 rows: a prefill chunk of one stream, or one decode row per
+  stream; `generate_batch` decodes several prompts together in one step per token.
+
+Architecture scope: LlamaForCausalLM (SiLU MLP, no biases, default RoPE), hidden and intermediate
+sizes multiples of 64 (int4) or 8 (fp32), head_dim a multiple of 16. Anything else raises ValueError
+at build time naming the field; the onnxruntime backend (`engine.backend: cpu`) covers those.
+
+The C source is compiled once per (source, compiler, flags) into $EDGEFLOW_NATIVE_CACHE (default
+~/.cache/edgeflow/native) with `cc -O3 -mavx2 -mfma -mf16c -fopenmp -shared -fPIC`; engine.json
+records the source's sha256 and `check_compatible` refuses an engine built from another source, or a
+CPU without AVX2/FMA. `load`, `generate` and `score` use numpy and ctypes only (no torch import).
+Threads: $EDGEFLOW_ENGINE_THREADS, else every CPU this process may use.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.artifacts import sha256_tree
+from tasks.engines import EngineIncompatibleError
+from tasks.engines import cpu_onnx
+from tasks.engines.cpu_onnx import (
+    NotInt4Exact,
+    QuantScheme,
+    _copy_tokenizer_files,
+    _cpu_flags,
+    _read_config,
+    _threads_from_env,
+    detect_scheme,
+    device_fingerprint,
+)
+
+BACKEND = "cpu_native"
+ENGINE_JSON = "engine.json"
+WEIGHTS = "weights.safetensors"
+FORMAT_VERSION = 1
+SOURCE = Path(__file__).resolve().parent / "native" / "q4.c"
+CACHE_ENV = "EDGEFLOW_NATIVE_CACHE"
+CC_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
+REQUIRED_ISA = ("avx2", "fma", "f16c")
+GROUP = 64
+MAX_ROWS = 4  # rows per decoder step (the C kernels' M limit)
+FIX = "use engine.backend: cpu (onnxruntime) for this checkpoint or machine"
+
+DEFAULT_PROFILE: dict[str, Any] = {
+    # Quantized weights the int4 g64 kernel cannot hold exactly (8-bit, another group size, act-order,
+    # several schemes): "dequantize" runs the exactly dequantized fp32 weights (same numbers, dense
+    # speed; recorded under "dequantized" in engine.json); "error" refuses the checkpoint.
+    "inexact_weights": "dequantize",
+    # Exact-argmax head: above this many candidate rows one full fp32 pass runs instead of rescoring.
+    "max_candidates": 4096,
+}
+
+_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+_FUSED = (("qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")), ("o", ("self_attn.o_proj",)),
+          ("gu", ("mlp.gate_proj", "mlp.up_proj")), ("dn", ("mlp.down_proj",)))
+
+
+# --------------------------------------------------------------------------------------------
+# Compiling and loading the kernels
+# --------------------------------------------------------------------------------------------
+
+
+def kernel_sha256() -> str:
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()
+
+
+def _compiler() -> tuple[str, str]:
+    """(path, first line of --version) of the C compiler ($CC or cc); EngineIncompatibleError if none."""
+    name = os.environ.get("CC", "cc")
+    path = shutil.which(name)
+    if path is None:
+        raise EngineIncompatibleError(
+            f"cpu_native needs a C compiler to build its kernels, but {name!r} is not on PATH on this machine "
+            f"(install gcc, or set $CC); or {FIX}"
+        )
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, check=False)
+    return path, (out.stdout.splitlines() or [""])[0].strip()
+
+
+def _require_isa() -> None:
+    have = _cpu_flags()
+    missing = [f for f in REQUIRED_ISA if f not in have]
+    if missing:
+        raise EngineIncompatibleError(
+            f"cpu_native kernels need CPU flags {list(REQUIRED_ISA)}; this CPU lacks {missing} "
+            f"(has {sorted(f for f in cpu_onnx._ISA_FLAGS if f in have)}); {FIX}"
+        )
+
+
+_LIBS: dict[str, ctypes.CDLL] = {}
+_LIB_LOCK = threading.Lock()
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "edgeflow" / "native")
+
+
+def compile_kernels() -> tuple[Path, dict[str, Any]]:
+    """Compile native/q4.c (once per source/compiler/flags) and return (library path, build facts)."""
+    _require_isa()
+    cc, version = _compiler()
+    src_sha = kernel_sha256()
+    key = hashlib.sha256("\n".join([src_sha, cc, version, *CC_FLAGS]).encode()).hexdigest()[:20]
+    lib = _cache_root() / key / "libedgeflow_q4.so"
+    facts = {"kernel_sha256": src_sha, "compiler": version, "compiler_path": cc, "compile_flags": list(CC_FLAGS)}
+    if not lib.exists():
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
+        os.close(fd)
+        cmd = [cc, *CC_FLAGS, "-o", tmp, str(SOURCE), "-lm"]
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if res.returncode != 0:
+            Path(tmp).unlink(missing_ok=True)
+            raise EngineIncompatibleError(
+                f"compiling the cpu_native kernels failed ({' '.join(cmd)}):\n{res.stderr[-2000:]}\n{FIX}"
+            )
+        os.replace(tmp, lib)  # atomic: concurrent builders never load a half-written library
+    return lib, facts
+
+
+def _load_library(path: Path) -> ctypes.CDLL:
+    """dlopen the kernels. Their OpenMP runtime (the system libgomp, which torch wheels do not share: they
+    bundle their own) waits passively unless OMP_WAIT_POLICY says otherwise: spinning barriers collapsed
+    to 2-3x slower steps on a busy 2-core box. libgomp reads the variable once, when it is first loaded,
+    so it is set only around this dlopen and the process environment is left as it was."""
+    old = os.environ.get("OMP_WAIT_POLICY")
+    os.environ["OMP_WAIT_POLICY"] = old or "PASSIVE"
+    try:
+        return ctypes.CDLL(str(path))
+    finally:
+        if old is None:
+            del os.environ["OMP_WAIT_POLICY"]
+
+
+def _library() -> ctypes.CDLL:
+    path, _ = compile_kernels()
+    with _LIB_LOCK:
+        if str(path) not in _LIBS:
+            lib = _load_library(path)
+            P, I, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+            lib.q4i_gemm.argtypes = [P, I, I, I, P, P, P, P, I]
+            lib.f32_gemm.argtypes = [P, I, I, I, P, P, I]
+            lib.head_argmax.argtypes = [P, I, I, I, I, P, P, P, P, P, P, P, I, P, P, I]
+            lib.llama_scratch_floats.argtypes = [I, I, I, I, I, I, I]
+            lib.llama_scratch_floats.restype = ctypes.c_long
+            lib.llama_step.argtypes = [I, P, P, P, P, I, I, I, I, I, I, F, P, P, I, I, P, P, P, P, P, I]
+            for name in ("q4i_gemm", "f32_gemm", "head_argmax", "llama_step"):
+                getattr(lib, name).restype = None
+            _LIBS[str(path)] = lib
+        return _LIBS[str(path)]
+
+
+# --------------------------------------------------------------------------------------------
+# Weight layout
+# --------------------------------------------------------------------------------------------
+
+
+def interleave_int4(q: np.ndarray, s: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q uint8 [N, K] in 0..15, s fp32 [N, K/64], z uint8 [N, K/64] -> the q4i_gemm layout (w, s, z)."""
+    n, k = q.shape
+    g = k // GROUP
+    qq = q.astype(np.uint8).reshape(n, g, GROUP)
+    packed = qq[..., :32] | (qq[..., 32:] << 4)  # [N, G, 32]
+    w = packed.reshape(n // 4, 4, g, 4, 8).transpose(0, 2, 3, 1, 4)  # [tile, g, chunk, row, 8]
+    si = s.astype(np.float32).reshape(n // 4, 4, g).transpose(0, 2, 1)
+    zi = z.astype(np.int32).reshape(n // 4, 4, g).transpose(0, 2, 1)
+    return np.ascontiguousarray(w), np.ascontiguousarray(si), np.ascontiguousarray(zi)
+
+
+def int8_head(E: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-row int8 copy of the fp32 head (rows padded to a multiple of 4, tile-interleaved) and the
+    per-row norms the exact-argmax bound needs: dn = ||E_r - Ehat_r||, en = ||E_r||."""
+    v, k = E.shape
+    vp = -(-v // 4) * 4
+    amax = np.abs(E).max(axis=1)
+    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    q = np.clip(np.rint(E / scale[:, None]), -127, 127).astype(np.int8)
+    E64 = E.astype(np.float64)
+    dn = np.linalg.norm(E64 - q.astype(np.float64) * scale[:, None].astype(np.float64), axis=1) * (1 + 1e-6)
+    en = np.linalg.norm(E64, axis=1)
+    qp = np.zeros((vp, k), np.int8)
+    qp[:v] = q
+    sp = np.ones(vp, np.float32)
+    sp[:v] = scale
+    wi = qp.reshape(vp // 4, 4, k // 8, 8).transpose(0, 2, 1, 3)
+    return {"head.q8": np.ascontiguousarray(wi), "head.q8_scale": sp,
+            "head.dn": dn.astype(np.float32), "head.en": en.astype(np.float32)}
+
+
+# --------------------------------------------------------------------------------------------
+# Build
+# --------------------------------------------------------------------------------------------
+
+
+def _arch(config: dict[str, Any], where: Path) -> dict[str, Any]:
+    """The decoder shape the C step needs; ValueError for anything it does not implement."""
+    def bad(what: str) -> ValueError:
+        return ValueError(f"{where}/config.json: {what}; the cpu_native engine runs plain Llama decoders; {FIX}")
+
+    archs = config.get("architectures") or []
+    if config.get("model_type") != "llama" or (archs and archs != ["LlamaForCausalLM"]):
+        raise bad(f"model_type={config.get('model_type')!r} architectures={archs}")
+    if config.get("hidden_act", "silu") != "silu":
+        raise bad(f"hidden_act={config.get('hidden_act')!r} (only silu)")
+    for key in ("attention_bias", "mlp_bias"):
+        if config.get(key):
+            raise bad(f"{key}=true (no biases supported)")
+    rope = config.get("rope_parameters") or {}
+    scaling = config.get("rope_scaling")
+    rope_type = rope.get("rope_type") or (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
+    if rope_type != "default":
+        raise bad(f"rope type {rope_type!r} (only the default RoPE)")
+    theta = float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+    hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+    kv = int(config.get("num_key_value_heads") or heads)
+    hd = int(config.get("head_dim") or hidden // heads)
+    inter = int(config["intermediate_size"])
+    if hd * heads != hidden or hd % 16 or heads % kv:
+        raise bad(f"head_dim={hd} x heads={heads} (kv {kv}) vs hidden_size={hidden} (need heads*head_dim == hidden, "
+                  "head_dim % 16 == 0, heads % kv_heads == 0)")
+    if hidden % 8 or inter % 8:
+        raise bad(f"hidden_size={hidden}, intermediate_size={inter} must be multiples of 8")
+    return {"hidden_size": hidden, "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd,
+            "intermediate_size": inter, "num_hidden_layers": int(config["num_hidden_layers"]),
+            "rms_norm_eps": float(config.get("rms_norm_eps", 1e-6)), "rope_theta": theta,
+            "vocab_size": int(config["vocab_size"]), "context_length": int(config.get("max_position_embeddings", 2048)),
+            "tie_word_embeddings": bool(config.get("tie_word_embeddings", False))}
+
+
+def _int4_layer(tensors: dict[str, Any], prefix: str, scheme: QuantScheme) -> tuple[np.ndarray, ...]:
+    """(q uint8 [out, in], s fp32 [out, G], z uint8 [out, G]) of one compressed-tensors linear layer.
+
+    compressed-tensors pack-quantized: weight_packed int32 [out, in/8], nibbles = q + 8 along `in`;
+    weight_zero_point int32 [out/8, G], nibbles = z + 8 along `out`; symmetric schemes have no zero
+    point (z + 8 = 8). The integers are used as stored: q - z is exact.
+    """
+    import torch
+
+    packed = tensors.get(f"{prefix}.weight_packed")
+    if packed is None:
+        raise ValueError(f"{prefix}: no weight_packed tensor (a mixed dense/int4 decoder is not supported); {FIX}")
+    scale = tensors[f"{prefix}.weight_scale"]
+    shape = tensors.get(f"{prefix}.weight_shape")
+    n_out, n_in = (int(shape[0]), int(shape[1])) if shape is not None else (packed.shape[0], packed.shape[1] * 8)
+    if n_in % GROUP or n_out % 8 or tuple(packed.shape) != (n_out, n_in // 8):
+        raise ValueError(f"{prefix}: weight [{n_out}, {n_in}] (packed {tuple(packed.shape)}) is not whole "
+                         f"{GROUP}-column groups / 8-row words")
+    g_idx = tensors.get(f"{prefix}.weight_g_idx")
+    if g_idx is not None and not torch.equal(g_idx.to(torch.int32), torch.arange(n_in, dtype=torch.int32) // GROUP):
+        raise NotInt4Exact(f"{prefix}: act-order weight_g_idx (non-contiguous groups) is not representable")
+    if tuple(scale.shape) != (n_out, n_in // GROUP):
+        raise ValueError(f"{prefix}: weight_scale shape {tuple(scale.shape)} != ({n_out}, {n_in // GROUP})")
+    q = cpu_onnx._unpack_int4_rows(packed, n_in).numpy()
+    if scheme.symmetric:
+        z = np.full((n_out, n_in // GROUP), 8, np.uint8)
+    else:
+        zp = tensors[f"{prefix}.weight_zero_point"]
+        z = cpu_onnx._unpack_int4_rows(zp.T.contiguous(), n_out).T.contiguous().numpy()
+    return q, scale.to(torch.float32).numpy(), z
+
+
+def _dense_weights(checkpoint_dir: Path, dequantize: bool) -> dict[str, np.ndarray]:
+    """fp32 state dict as numpy: the checkpoint's tensors, or its exactly dequantized weights."""
+    if dequantize:
+        from tasks.quantize import load_dequantized
+
+        sd = load_dequantized(checkpoint_dir).state_dict()
+    else:
+        sd = cpu_onnx._load_safetensors(checkpoint_dir)
+    return {k: v.detach().float().contiguous().numpy() for k, v in sd.items()}
+
+
+def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
+    """Write the native engine: interleaved int4 (or fp32) layers, fp32 tables, int8 head, engine.json."""
+    from safetensors.numpy import save_file
+
+    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
+    unknown = set(profile or {}) - set(DEFAULT_PROFILE)
+    if unknown:
+        raise ValueError(f"unknown cpu_native engine profile keys {sorted(unknown)}; known: {sorted(DEFAULT_PROFILE)}")
+    prof = {**DEFAULT_PROFILE, **(profile or {})}
+    if prof["inexact_weights"] not in ("dequantize", "error"):
+        raise ValueError(f"profile inexact_weights={prof['inexact_weights']!r}: choose 'dequantize' or 'error'")
+    if int(prof["max_candidates"]) < 0:
+        raise ValueError(f"profile max_candidates={prof['max_candidates']}: must be >= 0")
+    config = _read_config(checkpoint_dir)
+    arch = _arch(config, checkpoint_dir)
+    lib_path, kernel = compile_kernels()  # fail early on a machine that cannot run the engine
+
+    dequantized: str | None = None
+    try:
+        scheme = detect_scheme(checkpoint_dir)
+        if scheme is not None and scheme.group_size != GROUP:
+            raise NotInt4Exact(f"group_size={scheme.group_size}: the cpu_native int4 kernel runs group size {GROUP} only")
+    except NotInt4Exact as e:
+        if prof["inexact_weights"] == "error":
+            raise ValueError(f"{checkpoint_dir}: {e}; cpu_native runs int4 group-{GROUP} weights exactly; "
+                             f"{FIX}, or profile inexact_weights: dequantize") from e
+        scheme, dequantized = None, str(e)
+
+    out: dict[str, np.ndarray] = {}
+    if scheme is not None:
+        tensors = cpu_onnx._load_safetensors(checkpoint_dir)
+        if any(k.startswith("lm_head.weight_") for k in tensors):
+            raise ValueError(f"{checkpoint_dir}: the lm_head is quantized; cpu_native runs an fp32 lm_head only; {FIX}")
+        try:
+            for i in range(arch["num_hidden_layers"]):
+                parts = {n: _int4_layer(tensors, f"model.layers.{i}.{n}", scheme) for n in _LINEARS}
+                for fused, names in _FUSED:
+                    q, s, z = (np.concatenate([parts[n][j] for n in names]) for j in range(3))
+                    w, si, zi = interleave_int4(q, s, z)
+                    out[f"layers.{i}.{fused}.w"], out[f"layers.{i}.{fused}.s"], out[f"layers.{i}.{fused}.z"] = w, si, zi
+        except NotInt4Exact as e:  # found in the tensors (act-order g_idx)
+            if prof["inexact_weights"] == "error":
+                raise ValueError(f"{checkpoint_dir}: {e}; {FIX}, or profile inexact_weights: dequantize") from e
+            scheme, dequantized, out = None, str(e), {}
+        else:
+            dense = {k: v.float().contiguous().numpy() for k, v in tensors.items() if not k.rpartition(".")[2].startswith("weight_")}
+    if scheme is None:
+        dense = _dense_weights(checkpoint_dir, dequantize=dequantized is not None)
+        for i in range(arch["num_hidden_layers"]):
+            for fused, names in _FUSED:
+                w = np.concatenate([dense[f"model.layers.{i}.{n}.weight"] for n in names])
+                if w.shape[0] % 4 or w.shape[1] % 8:
+                    raise ValueError(f"layer {i} {fused}: weight {w.shape} needs out % 4 == 0 and in % 8 == 0")
+                out[f"layers.{i}.{fused}.w"] = np.ascontiguousarray(w, np.float32)
+    for i in range(arch["num_hidden_layers"]):
+        out[f"layers.{i}.ln1"] = dense[f"model.layers.{i}.input_layernorm.weight"]
+        out[f"layers.{i}.ln2"] = dense[f"model.layers.{i}.post_attention_layernorm.weight"]
+    out["norm"] = dense["model.norm.weight"]
+    embed = dense["model.embed_tokens.weight"]
+    out["embed"] = embed
+    head = embed if arch["tie_word_embeddings"] or "lm_head.weight" not in dense else dense["lm_head.weight"]
+    if head is not embed:
+        out["head.fp32"] = head
+    if head.shape[1] % 8:
+        raise ValueError(f"lm_head width {head.shape[1]} must be a multiple of 8")
+    out.update(int8_head(head))
+    out = {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / ENGINE_JSON).unlink(missing_ok=True)  # a failed rebuild must not look like a valid engine
+    save_file(out, str(out_dir / WEIGHTS))
+    copied = _copy_tokenizer_files(checkpoint_dir, out_dir)
+    meta: dict[str, Any] = {
+        "backend": BACKEND,
+        "format_version": FORMAT_VERSION,
+        **kernel,
+        "numpy": np.__version__,
+        "required_isa": list(REQUIRED_ISA),
+        "weights": "int4-g64-interleaved" if scheme is not None else "fp32",
+        "quantization": scheme.as_dict() if scheme else None,
+        "dequantized": dequantized and {"reason": dequantized, "checkpoint_quantization": config["quantization_config"]},
+        "lm_head": {"exact_argmax": "int8 per-row bound + fp32 rescoring", "score": "fp32",
+                    "tied": head is embed, "vocab_size": int(head.shape[0])},
+        "architecture": arch,
+        "profile": prof,
+        "checkpoint": str(checkpoint_dir.resolve()),
+        "checkpoint_sha256": sha256_tree(checkpoint_dir),
+        "device": device_fingerprint(),
+        "tokenizer_files": copied,
+        "model_files": [WEIGHTS],
+    }
+    (out_dir / ENGINE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True))
+    return meta
+
+
+# --------------------------------------------------------------------------------------------
+# Runtime
+# --------------------------------------------------------------------------------------------
+
+
+def check_compatible(engine_dir: Path) -> None:
+    """Raise EngineIncompatibleError (naming both sides) if this machine cannot run the engine."""
+    path = Path(engine_dir) / ENGINE_JSON
+    if not path.exists():
+        raise EngineIncompatibleError(f"{engine_dir}: no {ENGINE_JSON}; not an edgeflow engine directory (build it with engine.build)")
+    meta = json.loads(path.read_text())
+    if meta.get("backend") != BACKEND:
+        raise EngineIncompatibleError(f"{engine_dir}: engine backend is {meta.get('backend')!r} but this device runs backend {BACKEND!r}")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise EngineIncompatibleError(
+            f"{engine_dir}: engine format_version {meta.get('format_version')!r}, this runtime reads {FORMAT_VERSION} (rebuild the engine)"
+        )
+    have = kernel_sha256()
+    if meta.get("kernel_sha256") != have:
+        raise EngineIncompatibleError(
+            f"{engine_dir}: engine built for kernel source sha256 {meta.get('kernel_sha256')}, this runtime's "
+            f"{SOURCE.name} is {have} (the weight layout may differ; rebuild the engine)"
+        )
+    flags = _cpu_flags()
+    missing = [f for f in meta.get("required_isa", REQUIRED_ISA) if f not in flags]
+    if missing:
+        raise EngineIncompatibleError(
+            f"{engine_dir}: engine needs CPU flags {meta.get('required_isa')}, this CPU "
+            f"({device_fingerprint()['cpu_model'] or 'unknown'}) lacks {missing}; {FIX}"
+        )
+    absent = [f for f in meta.get("model_files", [WEIGHTS]) if not (Path(engine_dir) / f).exists()]
+    if absent:
+        raise EngineIncompatibleError(f"{engine_dir}: engine files missing: {absent}")
+    _compiler()  # the kernels are compiled on this machine (once, cached): no compiler, no engine
+
+
+@dataclass
+class NativeSession:
+    """Opaque handle returned by `load`: weights, layer pointer table and the kernels. Read-only after load;
+    every generate/score call allocates its own KV cache and scratch, so concurrent calls are safe."""
+
+    lib: Any
+    engine_dir: Path
+    meta: dict[str, Any]
+    arch: dict[str, Any]
+    tensors: dict[str, np.ndarray]
+    layers: np.ndarray  # int64 [n_layers, 16]: pointers + kind, see layer_t in q4.c
+    cos: np.ndarray
+    sin: np.ndarray
+    threads: int
+    max_candidates: int
+    vocab_size: int
+    context_length: int
+    stats: dict[str, int] = field(default_factory=lambda: {"head_calls": 0, "candidates": 0, "max_candidates_seen": 0, "full_passes": 0})
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def embed(self) -> np.ndarray:
+        return self.tensors["embed"]
+
+    @property
+    def head(self) -> np.ndarray:
+        return self.tensors.get("head.fp32", self.tensors["embed"])
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+def _rope_tables(theta: float, hd: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [n, hd] as transformers computes them for the default RoPE (fp32)."""
+    inv = (1.0 / (np.float32(theta) ** (np.arange(0, hd, 2, dtype=np.int64).astype(np.float32) / np.float32(hd)))).astype(np.float32)
+    freqs = np.arange(n, dtype=np.float32)[:, None] * inv[None, :]
+    emb = np.concatenate([freqs, freqs], axis=1)
+    return np.ascontiguousarray(np.cos(emb), np.float32), np.ascontiguousarray(np.sin(emb), np.float32)
+
+
+def load(engine_dir: Path) -> NativeSession:
+    """Check compatibility, compile (or reuse) the kernels, and map the weights once."""
+    from safetensors.numpy import load_file
+
+    engine_dir = Path(engine_dir)
+    check_compatible(engine_dir)
+    meta = json.loads((engine_dir / ENGINE_JSON).read_text())
+    lib = _library()
+    t = {k: np.ascontiguousarray(v) for k, v in load_file(str(engine_dir / WEIGHTS)).items()}
+    arch = meta["architecture"]
+    kind = 0 if meta["weights"].startswith("int4") else 1
+    rows = []
+    for i in range(arch["num_hidden_layers"]):
+        row = [_ptr(t[f"layers.{i}.ln1"])]
+        for fused, _ in _FUSED:
+            if fused == "gu":
+                row.append(_ptr(t[f"layers.{i}.ln2"]))
+            w = t[f"layers.{i}.{fused}.w"]
+            row += [_ptr(w), _ptr(t[f"layers.{i}.{fused}.s"]) if kind == 0 else 0, _ptr(t[f"layers.{i}.{fused}.z"]) if kind == 0 else 0]
+        rows.append(row + [kind, 0])
+    cos, sin = _rope_tables(arch["rope_theta"], arch["head_dim"], arch["context_length"])
+    return NativeSession(
+        lib=lib, engine_dir=engine_dir, meta=meta, arch=arch, tensors=t, layers=np.asarray(rows, dtype=np.int64),
+        cos=cos, sin=sin, threads=_threads_from_env(), max_candidates=int(meta["profile"]["max_candidates"]),
+        vocab_size=int(meta["lm_head"]["vocab_size"]), context_length=int(arch["context_length"]),
+    )
+
+
+class _Decoder:
+    """KV cache + scratch for `slots` streams of at most `max_len` positions (one per call: thread-safe)."""
+
+    def __init__(self, session: NativeSession, slots: int, max_len: int):
+        a = session.arch
+        if max_len > session.context_length:
+            raise ValueError(f"{max_len} tokens exceed the engine's context length {session.context_length}")
+        self.s, self.a = session, a
+        self.slots, self.max_len = slots, max_len
+        shape = (a["num_hidden_layers"], slots, a["num_key_value_heads"], max_len, a["head_dim"])
+        self.kc = np.empty(shape, np.float32)
+        self.vc = np.empty(shape, np.float32)
+        n = session.lib.llama_scratch_floats(a["hidden_size"], a["num_attention_heads"], a["num_key_value_heads"],
+                                             a["head_dim"], a["intermediate_size"], max_len, session.threads)
+        self.scratch = np.empty(n, np.float32)
+
+    def step(self, ids: Sequence[int], pos: Sequence[int], slots: Sequence[int]) -> np.ndarray:
+        """One decoder pass over <= 4 rows; returns the final-normed hidden states [M, hidden]."""
+        s, a = self.s, self.a
+        m = len(ids)
+        h = np.ascontiguousarray(s.embed[np.asarray(ids, dtype=np.int64)], np.float32)
+        out = np.empty_like(h)
+        p = np.asarray(pos, dtype=np.int32)
+        sl = np.asarray(slots, dtype=np.int32)
+        s.lib.llama_step(m, _ptr(p), _ptr(sl), _ptr(h), _ptr(s.layers), a["num_hidden_layers"],
+                         a["hidden_size"], a["num_attention_heads"], a["num_key_value_heads"], a["head_dim"],
+                         a["intermediate_size"], a["rms_norm_eps"], _ptr(self.kc), _ptr(self.vc), self.slots,
+                         self.max_len, _ptr(s.cos), _ptr(s.sin), _ptr(s.tensors["norm"]), _ptr(out),
+                         _ptr(self.scratch), s.threads)
+        return out
+
+    def prefill(self, ids: Sequence[int], slot: int) -> np.ndarray:
+        """Run a prompt from position 0 in chunks of 4; returns the hidden states of every position."""
+        outs = [self.step(ids[i:i + MAX_ROWS], range(i, min(i + MAX_ROWS, len(ids))), [slot] * len(ids[i:i + MAX_ROWS]))
+                for i in range(0, len(ids), MAX_ROWS)]
+        return np.concatenate(outs)
+
+
+def head_argmax(session: NativeSession, x: np.ndarray, max_candidates: int | None = None) -> tuple[list[int], list[int], list[list[int]]]:
+    """Exact argmax_r x[m] . E_r for each row of x [M, hidden].
+
+    Returns (tokens, ncand, candidates): ncand[m] >= 0 is how many rows were rescored (their ids in
+    candidates[m]); a negative ncand[m] = -(count) - 1 means the full fp32 pass ran for that row.
+    """
+    x = np.ascontiguousarray(x, np.float32)
+    m, k = x.shape
+    t = session.tensors
+    v = session.vocab_size
+    vp = t["head.q8_scale"].shape[0]
+    cap = session.max_candidates if max_candidates is None else int(max_candidates)
+    scratch = np.empty((m, vp), np.float32)
+    cand = np.empty((m, v), np.int32)
+    tok = np.empty(m, np.int32)
+    nc = np.empty(m, np.int32)
+    session.lib.head_argmax(_ptr(x), m, k, v, vp, _ptr(t["head.q8"]), _ptr(t["head.q8_scale"]), _ptr(t["head.dn"]),
+                            _ptr(t["head.en"]), _ptr(session.head), _ptr(scratch), _ptr(cand), cap, _ptr(tok), _ptr(nc),
+                            session.threads)
+    ncand = nc.tolist()
+    with session._lock:
+        st = session.stats
+        st["head_calls"] += m
+        st["candidates"] += sum(n if n >= 0 else -n - 1 for n in ncand)
+        st["max_candidates_seen"] = max([st["max_candidates_seen"]] + [n if n >= 0 else -n - 1 for n in ncand])
+        st["full_passes"] += sum(n < 0 for n in ncand)
+    return tok.tolist(), ncand, [cand[i, :n].tolist() if n >= 0 else [] for i, n in enumerate(ncand)]
+
+
+def _check_ids(session: NativeSession, input_ids: Sequence[int]) -> list[int]:
+    ids = [int(i) for i in input_ids]
+    if not ids:
+        raise ValueError("input_ids is empty")
+    if min(ids) < 0 or max(ids) >= session.embed.shape[0]:
+        raise ValueError(f"token id out of range [0, {session.embed.shape[0]})")
+    return ids
+
+
+def generate(
+    session: NativeSession, input_ids: list[int], max_new_tokens: int, stop_token_ids: Sequence[int]
+) -> Iterator[int]:
+    """Greedy decoding (exact fp32 argmax) with its own KV cache; yields each new token id, never a stop id."""
+    ids = _check_ids(session, input_ids)
+    if max_new_tokens <= 0:
+        return
+    stops = {int(t) for t in stop_token_ids}
+    dec = _Decoder(session, 1, len(ids) + max_new_tokens)
+    h = dec.prefill(ids, 0)[-1:]
+    pos = len(ids)
+    for i in range(max_new_tokens):
+        token = head_argmax(session, h)[0][0]
+        if token in stops:
+            return
+        yield token
+        if i + 1 < max_new_tokens:
+            h = dec.step([token], [pos], [0])
+            pos += 1
+
+
+def generate_batch(
+    session: NativeSession, prompts: list[list[int]], max_new_tokens: int, stop_token_ids: Sequence[int]
+) -> list[list[int]]:
+    """Greedy decoding of up to 4 prompts together: each decode step carries one row per live stream,
+    so the weights are unpacked once per step for all of them. Same tokens as separate `generate` calls."""
+    if not prompts:
+        return []
+    if len(prompts) > MAX_ROWS:
+        raise ValueError(f"generate_batch takes at most {MAX_ROWS} prompts, got {len(prompts)}")
+    ids = [_check_ids(session, p) for p in prompts]
+    outs: list[list[int]] = [[] for _ in ids]
+    if max_new_tokens <= 0:
+        return outs
+    stops = {int(t) for t in stop_token_ids}
+    dec = _Decoder(session, len(ids), max(len(p) for p in ids) + max_new_tokens)
+    h = np.concatenate([dec.prefill(p, slot)[-1:] for slot, p in enumerate(ids)])
+    live = list(range(len(ids)))
+    for i in range(max_new_tokens):
+        tokens = head_argmax(session, h)[0]
+        nxt = []
+        for slot, token in zip(live, tokens):
+            if token in stops:
+                continue
+            outs[slot].append(token)
+            nxt.append(slot)
+        live = nxt
+        if not live or i + 1 == max_new_tokens:
+            break
+        h = dec.step([outs[s][-1] for s in live], [len(ids[s]) + len(outs[s]) - 1 for s in live], live)
+    return outs
+
+
+def score(session: NativeSession, input_ids: list[int]) -> np.ndarray:
+    """Teacher-forced logits for every position: float32 [len(input_ids), vocab], full fp32 head."""
+    ids = _check_ids(session, input_ids)
+    hidden = _Decoder(session, 1, len(ids)).prefill(ids, 0)
+    return np.ascontiguousarray(hidden @ session.head.T, dtype=np.float32)
