@@ -32,10 +32,12 @@ import ctypes
 import hashlib
 import json
 import os
+import queue
 import shutil
 import subprocess
 import tempfile
 import threading
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -447,8 +449,10 @@ class NativeSession:
     max_candidates: int
     vocab_size: int
     context_length: int
-    stats: dict[str, int] = field(default_factory=lambda: {"head_calls": 0, "candidates": 0, "max_candidates_seen": 0, "full_passes": 0})
+    stats: dict[str, int] = field(default_factory=lambda: {"head_calls": 0, "candidates": 0, "max_candidates_seen": 0, "full_passes": 0,
+                                                         "scheduler_steps": 0, "max_streams_in_step": 0})
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _scheduler: Any = None  # the session's _Scheduler, created by the first generate call
 
     @property
     def embed(self) -> np.ndarray:
@@ -575,57 +579,162 @@ def _check_ids(session: NativeSession, input_ids: Sequence[int]) -> list[int]:
     return ids
 
 
+class _Request:
+    """One stream in the scheduler: its prompt, limits, slot and the queue its tokens go to."""
+
+    __slots__ = ("ids", "max_new", "stops", "out", "cancelled", "slot", "produced", "h")
+
+    def __init__(self, ids: list[int], max_new: int, stops: set[int]):
+        self.ids, self.max_new, self.stops = ids, max_new, stops
+        self.out: queue.SimpleQueue = queue.SimpleQueue()
+        self.cancelled = False  # set by the consumer (client went away); the scheduler drops the stream
+        self.slot = -1
+        self.produced: list[int] = []
+        self.h: np.ndarray | None = None  # final-normed hidden state of the last position, [1, hidden]
+
+
+_DONE = object()
+
+
+class _Scheduler:
+    """In-flight batching for one session: a single thread owns one decoder with MAX_ROWS slots, and
+    every step carries one row per live stream, so N concurrent `generate` calls unpack the weights
+    once per token instead of N times and never compete for cores (a thread per stream, each with
+    all cores, would oversubscribe them). A stream that arrives is prefilled (4-row chunks) and joins
+    at the next step; one that ends frees its slot for the next in line (FIFO)."""
+
+    def __init__(self, session: NativeSession):
+        self.s = session
+        self.cv = threading.Condition()
+        self.pending: deque[_Request] = deque()
+        self.thread: threading.Thread | None = None
+        self.dec: _Decoder | None = None
+
+    def submit(self, req: _Request) -> None:
+        with self.cv:
+            self.pending.append(req)
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="cpu-native-scheduler", daemon=True)
+                self.thread.start()
+            self.cv.notify()
+
+    def _capacity(self, live: dict[int, _Request], admit: list[_Request]) -> None:
+        """(Re)allocate the KV cache when a stream needs more positions than it holds; copy what is live."""
+        need = max(len(r.ids) + r.max_new for r in [*live.values(), *admit])
+        if self.dec is not None and self.dec.max_len >= need:
+            return
+        grown = _Decoder(self.s, MAX_ROWS, max(need, 2 * self.dec.max_len if self.dec else need))
+        if self.dec is not None and live:
+            n = self.dec.max_len
+            grown.kc[:, :, :, :n] = self.dec.kc
+            grown.vc[:, :, :, :n] = self.dec.vc
+        self.dec = grown
+
+    def _run(self) -> None:
+        live: dict[int, _Request] = {}
+        while True:
+            with self.cv:
+                while not self.pending and not live:
+                    self.dec = None  # idle: give the KV cache back
+                    self.cv.wait()
+                admit = []
+                while self.pending and len(live) + len(admit) < MAX_ROWS:
+                    admit.append(self.pending.popleft())
+            try:
+                for slot in [k for k, r in live.items() if r.cancelled]:
+                    del live[slot]
+                admit = [r for r in admit if not r.cancelled]
+                if admit:
+                    self._capacity(live, admit)
+                for req in admit:
+                    req.slot = min(set(range(MAX_ROWS)) - set(live))
+                    live[req.slot] = req
+                    req.h = self.dec.prefill(req.ids, req.slot)[-1:]
+                if not live:
+                    continue
+                rows = list(live.values())
+                with self.s._lock:
+                    self.s.stats["scheduler_steps"] += 1
+                    self.s.stats["max_streams_in_step"] = max(self.s.stats["max_streams_in_step"], len(rows))
+                tokens = head_argmax(self.s, np.concatenate([r.h for r in rows]))[0]
+                for req, token in zip(rows, tokens):
+                    if token in req.stops:
+                        self._finish(live, req, _DONE)
+                        continue
+                    req.produced.append(token)
+                    req.out.put(token)
+                    if len(req.produced) == req.max_new:
+                        self._finish(live, req, _DONE)
+                rows = [r for r in rows if r.slot in live and not r.cancelled]
+                if rows:
+                    h = self.dec.step([r.produced[-1] for r in rows], [len(r.ids) + len(r.produced) - 1 for r in rows],
+                                      [r.slot for r in rows])
+                    for i, req in enumerate(rows):
+                        req.h = h[i:i + 1]
+            except BaseException as e:  # noqa: BLE001 - every live stream gets the error; the thread goes on
+                for req in [*live.values(), *[r for r in admit if r.slot not in live]]:
+                    req.out.put(e)
+                live.clear()
+                self.dec = None
+
+    @staticmethod
+    def _finish(live: dict[int, _Request], req: _Request, item: object) -> None:
+        live.pop(req.slot, None)
+        req.out.put(item)
+
+
+def _scheduler(session: NativeSession) -> _Scheduler:
+    with session._lock:
+        if session._scheduler is None:
+            session._scheduler = _Scheduler(session)
+        return session._scheduler
+
+
+def _submit(session: NativeSession, input_ids: Sequence[int], max_new_tokens: int, stop_token_ids: Sequence[int]) -> _Request:
+    ids = _check_ids(session, input_ids)
+    if len(ids) + max_new_tokens > session.context_length:
+        raise ValueError(
+            f"prompt of {len(ids)} tokens + max_new_tokens {max_new_tokens} exceed the engine's context length "
+            f"{session.context_length}; shorten the prompt or lower max_tokens"
+        )
+    req = _Request(ids, max_new_tokens, {int(t) for t in stop_token_ids})
+    _scheduler(session).submit(req)
+    return req
+
+
+def _tokens(req: _Request) -> Iterator[int]:
+    try:
+        while True:
+            item = req.out.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        req.cancelled = True
+
+
 def generate(
     session: NativeSession, input_ids: list[int], max_new_tokens: int, stop_token_ids: Sequence[int]
 ) -> Iterator[int]:
-    """Greedy decoding (exact fp32 argmax) with its own KV cache; yields each new token id, never a stop id."""
-    ids = _check_ids(session, input_ids)
+    """Greedy decoding (exact fp32 argmax); yields each new token id, never a stop id. Concurrent calls are
+    decoded together by the session's scheduler (one batched step per token for up to 4 streams)."""
     if max_new_tokens <= 0:
+        _check_ids(session, input_ids)
         return
-    stops = {int(t) for t in stop_token_ids}
-    dec = _Decoder(session, 1, len(ids) + max_new_tokens)
-    h = dec.prefill(ids, 0)[-1:]
-    pos = len(ids)
-    for i in range(max_new_tokens):
-        token = head_argmax(session, h)[0][0]
-        if token in stops:
-            return
-        yield token
-        if i + 1 < max_new_tokens:
-            h = dec.step([token], [pos], [0])
-            pos += 1
+    yield from _tokens(_submit(session, input_ids, max_new_tokens, stop_token_ids))
 
 
 def generate_batch(
     session: NativeSession, prompts: list[list[int]], max_new_tokens: int, stop_token_ids: Sequence[int]
 ) -> list[list[int]]:
-    """Greedy decoding of up to 4 prompts together: each decode step carries one row per live stream,
-    so the weights are unpacked once per step for all of them. Same tokens as separate `generate` calls."""
-    if not prompts:
-        return []
-    if len(prompts) > MAX_ROWS:
-        raise ValueError(f"generate_batch takes at most {MAX_ROWS} prompts, got {len(prompts)}")
-    ids = [_check_ids(session, p) for p in prompts]
-    outs: list[list[int]] = [[] for _ in ids]
+    """Greedy decoding of several prompts submitted together (the scheduler batches up to 4 at a time);
+    the same tokens as separate `generate` calls."""
     if max_new_tokens <= 0:
-        return outs
-    stops = {int(t) for t in stop_token_ids}
-    dec = _Decoder(session, len(ids), max(len(p) for p in ids) + max_new_tokens)
-    h = np.concatenate([dec.prefill(p, slot)[-1:] for slot, p in enumerate(ids)])
-    live = list(range(len(ids)))
-    for i in range(max_new_tokens):
-        tokens = head_argmax(session, h)[0]
-        nxt = []
-        for slot, token in zip(live, tokens):
-            if token in stops:
-                continue
-            outs[slot].append(token)
-            nxt.append(slot)
-        live = nxt
-        if not live or i + 1 == max_new_tokens:
-            break
-        h = dec.step([outs[s][-1] for s in live], [len(ids[s]) + len(outs[s]) - 1 for s in live], live)
-    return outs
+        return [[] for _ in (_check_ids(session, p) for p in prompts)]
+    reqs = [_submit(session, p, max_new_tokens, stop_token_ids) for p in prompts]
+    return [list(_tokens(r)) for r in reqs]
 
 
 def score(session: NativeSession, input_ids: list[int]) -> np.ndarray:

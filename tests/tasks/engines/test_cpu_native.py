@@ -213,8 +213,8 @@ def test_generate_batch_equals_sequential(sessions) -> None:
     got = cpu_native.generate_batch(session, prompts[:2], NEW_TOKENS, [stop])
     assert got[0] == sequential[0][:cut]
     assert got[1] == list(cpu_native.generate(session, prompts[1], NEW_TOKENS, [stop]))
-    with pytest.raises(ValueError, match="at most 4"):
-        cpu_native.generate_batch(session, prompts * 2, 2, [])
+    # More streams than decoder slots (4) wait their turn and still get their own tokens.
+    assert cpu_native.generate_batch(session, prompts * 2, NEW_TOKENS, []) == sequential * 2
 
 
 def test_generate_stops_and_limits(sessions) -> None:
@@ -253,6 +253,64 @@ def test_two_threads_generate_like_sequential(sessions) -> None:
         t.join(timeout=60)
     assert not errors, errors
     assert [results[0], results[1]] == sequential and sequential[0] != sequential[1]
+
+
+def test_concurrent_streams_share_decoder_steps(engines) -> None:
+    """Two threads calling generate are decoded in the same steps (one row each), not one after another."""
+    session = cpu_native.load(engines["asym"])
+    a, b = _prompts()[:2]
+    first, second = cpu_native.generate(session, a, 24, []), cpu_native.generate(session, b, 24, [])
+    got_a, got_b = [next(first)], [next(second)]  # both streams are live now
+    got_a += list(first)
+    got_b += list(second)
+    assert [got_a, got_b] == [list(cpu_native.generate(session, p, 24, [])) for p in (a, b)]
+    assert session.stats["max_streams_in_step"] == 2
+
+
+def test_abandoned_stream_frees_its_slot(engines) -> None:
+    """A consumer that stops reading (client went away) is dropped; the other streams are unaffected."""
+    session = cpu_native.load(engines["asym"])
+    a, b = _prompts()[:2]
+    want_b = list(cpu_native.generate(session, b, 24, []))
+    gone = cpu_native.generate(session, a, 24, [])
+    next(gone)
+    kept = cpu_native.generate(session, b, 24, [])
+    first = next(kept)
+    gone.close()
+    assert [first] + list(kept) == want_b
+    # The engine goes on serving afterwards, more streams than slots included.
+    assert cpu_native.generate_batch(session, [b] * 5, 24, []) == [want_b] * 5
+
+
+def test_longer_stream_grows_the_cache_of_live_ones(engines) -> None:
+    """A stream needing more positions than the live KV cache holds reallocates it without disturbing live streams."""
+    session = cpu_native.load(engines["sym"])
+    a, b = _prompts()[0], _prompts()[2]
+    want = [list(cpu_native.generate(session, a, 8, [])), list(cpu_native.generate(session, b, 60, []))]
+    short = cpu_native.generate(session, a, 8, [])
+    got_a = [next(short), next(short)]
+    got_b = list(cpu_native.generate(session, b, 60, []))  # 23 + 60 positions > the 13 allocated for `short`
+    got_a += list(short)
+    assert [got_a, got_b] == want
+
+
+def test_engine_error_reaches_every_live_stream_and_the_engine_recovers(engines, monkeypatch) -> None:
+    session = cpu_native.load(engines["asym"])
+    ids = _prompts()[0]
+    want = list(cpu_native.generate(session, ids, 6, []))
+    real = cpu_native.head_argmax
+    calls = {"n": 0}
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("head exploded")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cpu_native, "head_argmax", failing)
+    with pytest.raises(RuntimeError, match="head exploded"):
+        list(cpu_native.generate(session, ids, 6, []))
+    assert list(cpu_native.generate(session, ids, 6, [])) == want
 
 
 # ---------------------------------------------------------------------------------------------
