@@ -37,6 +37,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -151,16 +152,19 @@ def compile_kernels() -> tuple[Path, dict[str, Any]]:
 
 def _load_library(path: Path) -> ctypes.CDLL:
     """dlopen the kernels. Their OpenMP runtime (the system libgomp, which torch wheels do not share: they
-    bundle their own) waits passively unless OMP_WAIT_POLICY says otherwise: spinning barriers collapsed
-    to 2-3x slower steps on a busy 2-core box. libgomp reads the variable once, when it is first loaded,
-    so it is set only around this dlopen and the process environment is left as it was."""
+    bundle their own) waits passively unless OMP_WAIT_POLICY or GOMP_SPINCOUNT says otherwise. Why: on a
+    quiet 2-core box a short spin (GOMP_SPINCOUNT=20000) made one stream ~1.3x faster, but with one other
+    busy process it fell from 92 to 16 tok/s (spinning workers starve the thread they wait for); an edge
+    device serving HTTP is never quiet. libgomp reads these once, when it is first loaded, so the policy
+    is set only around this dlopen and the process environment is left as it was."""
     old = os.environ.get("OMP_WAIT_POLICY")
-    os.environ["OMP_WAIT_POLICY"] = old or "PASSIVE"
+    if old is None and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     try:
         return ctypes.CDLL(str(path))
     finally:
         if old is None:
-            del os.environ["OMP_WAIT_POLICY"]
+            os.environ.pop("OMP_WAIT_POLICY", None)
 
 
 def _library() -> ctypes.CDLL:
@@ -450,7 +454,8 @@ class NativeSession:
     vocab_size: int
     context_length: int
     stats: dict[str, int] = field(default_factory=lambda: {"head_calls": 0, "candidates": 0, "max_candidates_seen": 0, "full_passes": 0,
-                                                         "scheduler_steps": 0, "max_streams_in_step": 0})
+                                                         "scheduler_steps": 0, "max_streams_in_step": 0, "prefill_tokens": 0,
+                                                         "prefill_ns": 0, "layers_ns": 0, "head_ns": 0, "scheduler_ns": 0})
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _scheduler: Any = None  # the session's _Scheduler, created by the first generate call
 
@@ -640,12 +645,14 @@ class _Scheduler:
                 admit = []
                 while self.pending and len(live) + len(admit) < MAX_ROWS:
                     admit.append(self.pending.popleft())
+            loop_start = time.perf_counter_ns()  # idle waiting above is not the engine's time
             try:
                 for slot in [k for k, r in live.items() if r.cancelled]:
                     del live[slot]
                 admit = [r for r in admit if not r.cancelled]
                 if admit:
                     self._capacity(live, admit)
+                t0 = time.perf_counter_ns()
                 for req in admit:
                     req.slot = min(set(range(MAX_ROWS)) - set(live))
                     live[req.slot] = req
@@ -653,10 +660,10 @@ class _Scheduler:
                 if not live:
                     continue
                 rows = list(live.values())
-                with self.s._lock:
-                    self.s.stats["scheduler_steps"] += 1
-                    self.s.stats["max_streams_in_step"] = max(self.s.stats["max_streams_in_step"], len(rows))
+                streams = len(rows)
+                t1 = time.perf_counter_ns()
                 tokens = head_argmax(self.s, np.concatenate([r.h for r in rows]))[0]
+                t2 = time.perf_counter_ns()
                 for req, token in zip(rows, tokens):
                     if token in req.stops:
                         self._finish(live, req, _DONE)
@@ -666,16 +673,31 @@ class _Scheduler:
                     if len(req.produced) == req.max_new:
                         self._finish(live, req, _DONE)
                 rows = [r for r in rows if r.slot in live and not r.cancelled]
+                t3 = t4 = time.perf_counter_ns()
                 if rows:
                     h = self.dec.step([r.produced[-1] for r in rows], [len(r.ids) + len(r.produced) - 1 for r in rows],
                                       [r.slot for r in rows])
+                    t4 = time.perf_counter_ns()
                     for i, req in enumerate(rows):
                         req.h = h[i:i + 1]
+                self._account(streams, sum(len(r.ids) for r in admit), t1 - t0, t2 - t1, t4 - t3, loop_start)
             except BaseException as e:  # noqa: BLE001 - every live stream gets the error; the thread goes on
                 for req in [*live.values(), *[r for r in admit if r.slot not in live]]:
                     req.out.put(e)
                 live.clear()
                 self.dec = None
+
+    def _account(self, streams: int, prefill_tokens: int, prefill_ns: int, head_ns: int, layers_ns: int, loop_start: int) -> None:
+        """The engine's own profile (session.stats): where each scheduler step's time went."""
+        st = self.s.stats
+        with self.s._lock:
+            st["scheduler_steps"] += 1
+            st["max_streams_in_step"] = max(st["max_streams_in_step"], streams)
+            st["prefill_tokens"] += prefill_tokens
+            st["prefill_ns"] += prefill_ns
+            st["head_ns"] += head_ns
+            st["layers_ns"] += layers_ns
+            st["scheduler_ns"] += time.perf_counter_ns() - loop_start - prefill_ns - head_ns - layers_ns
 
     @staticmethod
     def _finish(live: dict[int, _Request], req: _Request, item: object) -> None:

@@ -42,46 +42,46 @@ static inline float hsum(__m256 v) {
     int r0 = (int)((long)tiles * tid / nth) * 4, r1 = (int)((long)tiles * (tid + 1) / nth) * 4;
 
 // ---------------------------------------------------------------------------------------------- int4
-#define DEFINE_Q4I(MM)                                                                                       \
+// The 4 output rows of a tile are done R at a time (R = 4 for 1-2 activation rows, 2 for 3-4), so the
+// accumulators of 3-4 rows stay in the 16 AVX2 registers instead of spilling; each weight byte is still
+// unpacked once per call, for all activation rows.
+#define DEFINE_Q4I(MM, R)                                                                                    \
 static void q4i_rows_##MM(const float* x, int K, int N, const uint8_t* w, const float* s, const int32_t* z,  \
                           float* y, int r0, int r1) {                                                        \
     const int G = K / 64; const __m256i mask = _mm256_set1_epi32(15);                                       \
     for (int n0 = r0; n0 < r1; n0 += 4) {                                                                    \
         const uint8_t* t = w + (size_t)n0 * K / 2; const float* st = s + (size_t)n0 * G;                     \
         const int32_t* zt = z + (size_t)n0 * G;                                                              \
-        __m256 acc[MM][4];                                                                                   \
-        for (int m = 0; m < MM; m++) for (int r = 0; r < 4; r++) acc[m][r] = _mm256_setzero_ps();           \
+        for (int rb = 0; rb < 4; rb += R) {                                                                  \
+        __m256 acc[MM][R];                                                                                   \
+        for (int m = 0; m < MM; m++) for (int r = 0; r < R; r++) acc[m][r] = _mm256_setzero_ps();           \
         for (int g = 0; g < G; g++) {                                                                        \
-            __m256 p[MM][4];                                                                                 \
-            for (int m = 0; m < MM; m++) for (int r = 0; r < 4; r++) p[m][r] = _mm256_setzero_ps();         \
+            __m256 p[MM][R];                                                                                 \
+            for (int m = 0; m < MM; m++) for (int r = 0; r < R; r++) p[m][r] = _mm256_setzero_ps();         \
             for (int c = 0; c < 4; c++) {                                                                    \
                 const uint8_t* b = t + (size_t)(g * 4 + c) * 32;                                             \
-                _mm_prefetch((const char*)(b + 512), _MM_HINT_T0);                                           \
-                __m256 xl[MM], xh[MM];                                                                       \
-                for (int m = 0; m < MM; m++) {                                                               \
-                    xl[m] = _mm256_loadu_ps(x + (size_t)m * K + g * 64 + 8 * c);                            \
-                    xh[m] = _mm256_loadu_ps(x + (size_t)m * K + g * 64 + 32 + 8 * c);                       \
-                }                                                                                            \
-                for (int r = 0; r < 4; r++) {                                                                \
-                    const __m256i zz = _mm256_set1_epi32(zt[g * 4 + r]);                                     \
-                    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + 8 * r)));          \
+                if (rb == 0) _mm_prefetch((const char*)(b + 512), _MM_HINT_T0);                              \
+                for (int r = 0; r < R; r++) {                                                                \
+                    const __m256i zz = _mm256_set1_epi32(zt[g * 4 + rb + r]);                                \
+                    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + 8 * (rb + r))));   \
                     __m256 lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v, mask), zz));        \
                     __m256 hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v, 4), zz));          \
                     for (int m = 0; m < MM; m++) {                                                           \
-                        p[m][r] = _mm256_fmadd_ps(lo, xl[m], p[m][r]);                                       \
-                        p[m][r] = _mm256_fmadd_ps(hi, xh[m], p[m][r]);                                       \
+                        p[m][r] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + (size_t)m * K + g * 64 + 8 * c), p[m][r]);      \
+                        p[m][r] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + (size_t)m * K + g * 64 + 32 + 8 * c), p[m][r]); \
                     }                                                                                        \
                 }                                                                                            \
             }                                                                                                \
-            for (int r = 0; r < 4; r++) {                                                                    \
-                __m256 sv = _mm256_set1_ps(st[g * 4 + r]);                                                   \
+            for (int r = 0; r < R; r++) {                                                                    \
+                __m256 sv = _mm256_set1_ps(st[g * 4 + rb + r]);                                              \
                 for (int m = 0; m < MM; m++) acc[m][r] = _mm256_fmadd_ps(sv, p[m][r], acc[m][r]);            \
             }                                                                                                \
         }                                                                                                    \
-        for (int m = 0; m < MM; m++) for (int r = 0; r < 4; r++) y[(size_t)m * N + n0 + r] = hsum(acc[m][r]); \
+        for (int m = 0; m < MM; m++) for (int r = 0; r < R; r++) y[(size_t)m * N + n0 + rb + r] = hsum(acc[m][r]); \
+        }                                                                                                    \
     }                                                                                                        \
 }
-DEFINE_Q4I(1) DEFINE_Q4I(2) DEFINE_Q4I(3) DEFINE_Q4I(4)
+DEFINE_Q4I(1, 4) DEFINE_Q4I(2, 4) DEFINE_Q4I(3, 2) DEFINE_Q4I(4, 2) 
 
 // Any M: chunks of 4 rows, each chunk sharing one unpack of the weights. K % 64 == 0, N % 4 == 0.
 void q4i_gemm(const float* x, int M, int K, int N, const uint8_t* w, const float* s, const int32_t* z, float* y, int nt) {
