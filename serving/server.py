@@ -102,7 +102,9 @@ class ServerSettings(BaseModel):
         min_length=1,
         description="Model id clients must send as `model` and /v1/models lists; defaults to the engine directory's name.",
     )
-    backend: str = Field(default="cpu", description="Engine backend (tasks.engines.BACKENDS key); must match engine.json.")
+    backend: str | None = Field(
+        default=None, description="Engine backend (tasks.engines.BACKENDS key); defaults to the one engine.json names, "
+        "and when given must match it (a guard against serving the wrong engine directory).")
     max_prompt_tokens: int = Field(default=2048, ge=1, description="Longest accepted prompt, in tokens after the chat template.")
     max_tokens_limit: int = Field(default=512, ge=1, description="Largest `max_tokens` a request may ask for.")
     max_context: int = Field(default=2560, ge=2, description="Prompt tokens + max_tokens must not exceed this.")
@@ -433,6 +435,8 @@ class Runtime:
             raise FileNotFoundError(f"{self.engine_dir}: no engine.json; not an engine directory (build one first)")
         self.meta: dict[str, Any] = json.loads(meta_path.read_text())
         built_for = self.meta.get("backend")
+        if settings.backend is None:
+            settings = settings.model_copy(update={"backend": built_for})
         if built_for != settings.backend:
             raise ValueError(
                 f"{meta_path}: engine backend is {built_for!r} but the server is configured with backend={settings.backend!r}"
@@ -1255,7 +1259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # only ever answers 503.
     try:
         app = create_app(args.engine, settings)  # checks engine.json and its backend first
-        get_backend(settings.backend).check_compatible(args.engine)
+        get_backend(app.state.edgeflow.runtime.settings.backend).check_compatible(args.engine)
     except (EngineIncompatibleError, ValueError, ImportError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -203,6 +203,7 @@ def start_server(profile: Profile, engine_dir: Path, version: str, port: int) ->
         sys.executable, "-m", "serving.supervisor", "--",
         sys.executable, "-m", "serving.server",
         "--engine", str(engine_dir),
+        "--backend", profile.engine.backend,
         "--host", "127.0.0.1",  # side ports are reached through the proxy only
         "--port", str(port),
         "--model-name", profile.registry.model_name,

@@ -384,6 +384,7 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
         "numpy": np.__version__,
         "required_isa": list(REQUIRED_ISA),
         "weights": "int4-g64-interleaved" if scheme is not None else "fp32",
+        "precision": "int4" if scheme is not None else "fp32",  # what the layers compute with (report column)
         "quantization": scheme.as_dict() if scheme else None,
         "dequantized": dequantized and {"reason": dequantized, "checkpoint_quantization": config["quantization_config"]},
         "lm_head": {"exact_argmax": "int8 per-row bound + fp32 rescoring", "score": "fp32",

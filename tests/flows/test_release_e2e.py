@@ -194,7 +194,10 @@ def test_bad_rollouts_under_load_never_break_serving_and_good_ones_switch_withou
 
     def foreign_engine(pkg: Path):
         meta = json.loads((pkg / "engine" / "engine.json").read_text())
-        meta["onnxruntime_genai"] = "0.1.0"  # built by a runtime this device does not have
+        if meta["backend"] == "cpu_native":
+            meta["kernel_sha256"] = "0" * 64  # built from kernels this device's runtime does not have
+        else:
+            meta["onnxruntime_genai"] = "0.1.0"  # built by a runtime this device does not have
         (pkg / "engine" / "engine.json").write_text(json.dumps(meta))
         return None
 

@@ -526,3 +526,13 @@ def test_deploy_smoke_chat_needs_a_finished_stream_with_tokens(server):
     assert isinstance(answer, str)
     with pytest.raises(httpx.HTTPStatusError):
         smoke_chat(server.url, "not-this-model", "Say hello.", max_tokens=4)
+
+
+def test_backend_defaults_to_engine_json_and_a_named_one_must_match(engine_dir):
+    """Without --backend the server runs the backend engine.json names; a different one is refused, naming both."""
+    from serving.server import Runtime, ServerSettings
+
+    runtime = Runtime(engine_dir, ServerSettings(model_name=MODEL))
+    assert runtime.settings.backend == json.loads((engine_dir / "engine.json").read_text())["backend"]
+    with pytest.raises(ValueError, match=r"engine backend is 'cpu' but the server is configured with backend='cpu_native'"):
+        Runtime(engine_dir, ServerSettings(model_name=MODEL, backend="cpu_native"))
