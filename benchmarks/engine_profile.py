@@ -6,7 +6,8 @@
    (`llama_step`), the exact-argmax lm_head (`head_argmax`) and the scheduler's Python; prefill apart.
 2. The lm_head alone at one row: the exact int8-bound head vs one full fp32 pass over the vocabulary
    (what the head would cost without the int8 copy).
-3. With --perf (and `perf` on PATH): the same 1-stream workload under `perf record`, CPU samples
+3. With --perf (and `perf` on PATH): the 1-stream workload sampled by `perf record` (attached after
+   loading and warm-up), CPU samples
    grouped by what they run: the int4 body GEMV, the int8 head pass, the rest of the C step, OpenMP
    wake-ups, the Python interpreter, numpy, the kernel.
 Prints markdown tables, then the raw numbers as JSON.
@@ -89,13 +90,13 @@ def head_costs(session, repeats: int = 200) -> dict:
     return out
 
 
-def perf_profile(engine: Path, n: int) -> list[tuple[str, float]]:
-    """Run the 1-stream workload under `perf record`; CPU sample shares per group."""
+def perf_profile(engine: Path, n: int, repeats: int) -> list[tuple[str, float]]:
+    """Sample the 1-stream workload with `perf record` (attached after load and warm-up, so imports and
+    weight loading are not counted); CPU sample shares per group."""
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "perf.data"
-        subprocess.run(["perf", "record", "-q", "-F", "999", "-o", str(data), "--", sys.executable, __file__,
-                        "--engine", str(engine), "--tokens", str(n), "--workload-only"], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run([sys.executable, __file__, "--engine", str(engine), "--tokens", str(n), "--repeats", str(repeats),
+                        "--workload-only", str(data)], check=True, stdout=subprocess.DEVNULL)
         report = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--sort", "dso,symbol", "--stdio"],
                                 capture_output=True, text=True, check=True).stdout
     shares: dict[str, float] = {}
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tokens", type=int, default=128, help="new tokens per stream")
     ap.add_argument("--repeats", type=int, default=3, help="runs per stream count (the median-throughput run is shown)")
     ap.add_argument("--perf", action="store_true", help="also sample the 1-stream run with `perf record`")
-    ap.add_argument("--workload-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--workload-only", type=Path, default=None, help=argparse.SUPPRESS)  # perf.data path
     args = ap.parse_args(argv)
 
     work = None
@@ -130,8 +131,15 @@ def main(argv: list[str] | None = None) -> dict:
     session = cpu_native.load(engine)
     list(cpu_native.generate(session, PROMPT, 4, []))  # warm-up
     if args.workload_only:
+        import signal
+
+        perf = subprocess.Popen(["perf", "record", "-q", "-F", "999", "-p", str(os.getpid()), "-o", str(args.workload_only)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)  # perf attaches asynchronously
         for _ in range(args.repeats):
             run_streams(session, 1, args.tokens)
+        perf.send_signal(signal.SIGINT)
+        perf.wait(timeout=60)
         return {}
 
     results: dict = {"command": "python benchmarks/engine_profile.py " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -141,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
         results["runs"].append(runs[len(runs) // 2])
     results["head"] = head_costs(session)
     if args.perf and shutil.which("perf"):
-        results["perf"] = perf_profile(engine, args.tokens)
+        results["perf"] = perf_profile(engine, args.tokens, args.repeats)
     results["loadavg_end"] = os.getloadavg()
     if work is not None:
         shutil.rmtree(work, ignore_errors=True)
