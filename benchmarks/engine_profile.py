@@ -6,7 +6,8 @@
    (`llama_step`), the exact-argmax lm_head (`head_argmax`) and the scheduler's Python; prefill apart.
 2. The lm_head alone at one row: the exact int8-bound head vs one full fp32 pass over the vocabulary
    (what the head would cost without the int8 copy).
-3. With --perf (and `perf` on PATH): the 1-stream workload sampled by `perf record` (attached after
+3. Two streams batched in one session (2 threads) vs one 1-thread session per stream, alternating.
+4. With --perf (and `perf` on PATH): the 1-stream workload sampled by `perf record` (attached after
    loading and warm-up), CPU samples
    grouped by what they run: the int4 body GEMV, the int8 head pass, the rest of the C step, OpenMP
    wake-ups, the Python interpreter, numpy, the kernel.
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from tasks.engines import cpu_native  # noqa: E402
+from tasks.engines.cpu_onnx import THREADS_ENV  # noqa: E402
 
 PROMPT = list(range(100, 143))  # 43 token ids: the length of the benchmark's chat prompt
 
@@ -74,6 +76,40 @@ def run_streams(session, k: int, n: int) -> dict:
         "unaccounted_ms": wall * 1e3 - (st["prefill_ns"] + st["layers_ns"] + st["head_ns"] + st["scheduler_ns"]) / 1e6,
         "mean_candidates": st["candidates"] / max(st["head_calls"], 1), "full_passes": st["full_passes"],
     }
+
+
+def batched_vs_sessions(engine: Path, session, n: int, repeats: int) -> dict:
+    """Median aggregate tok/s: 1 stream; 2 streams batched in `session`; 2 streams with a 1-thread session each."""
+    old = os.environ.get(THREADS_ENV)
+    os.environ[THREADS_ENV] = "1"  # read once, at load
+    try:
+        solo = [cpu_native.load(engine) for _ in range(2)]
+    finally:
+        if old is None:
+            del os.environ[THREADS_ENV]
+        else:
+            os.environ[THREADS_ENV] = old
+
+    def aggregate(sessions) -> float:
+        def one(s) -> None:
+            list(cpu_native.generate(s, PROMPT, n, []))
+
+        threads = [threading.Thread(target=one, args=(s,)) for s in sessions]
+        t = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        return n * len(sessions) / (time.perf_counter() - t)
+
+    for s in solo:
+        list(cpu_native.generate(s, PROMPT, 4, []))
+    runs: dict[str, list[float]] = {"one_stream": [], "two_batched": [], "two_sessions_1_thread": []}
+    for _ in range(repeats):
+        runs["one_stream"].append(aggregate([session]))
+        runs["two_batched"].append(aggregate([session, session]))
+        runs["two_sessions_1_thread"].append(aggregate(solo))
+    return {k: float(np.median(v)) for k, v in runs.items()} | {"runs": runs}
 
 
 def head_costs(session, repeats: int = 200) -> dict:
@@ -148,6 +184,7 @@ def main(argv: list[str] | None = None) -> dict:
         runs = sorted((run_streams(session, k, args.tokens) for _ in range(args.repeats)), key=lambda r: r["tok_s"])
         results["runs"].append(runs[len(runs) // 2])
     results["head"] = head_costs(session)
+    results["streams"] = batched_vs_sessions(engine, session, args.tokens, args.repeats)
     if args.perf and shutil.which("perf"):
         results["perf"] = perf_profile(engine, args.tokens, args.repeats)
     results["loadavg_end"] = os.getloadavg()
@@ -172,6 +209,10 @@ def render(r: dict) -> str:
     h = r["head"]
     lines += ["", f"lm_head at one row: exact int8-bound head {h['int8_bound_ms']:.2f} ms vs one full fp32 pass "
                   f"{h['full_fp32_ms']:.2f} ms ({h['full_fp32_ms'] / h['int8_bound_ms']:.1f}x)."]
+    b = r["streams"]
+    lines += ["", f"Two streams, median of alternating runs: 1 stream {b['one_stream']:.1f} tok/s; batched in one session "
+                  f"{b['two_batched']:.1f} ({b['two_batched'] / b['one_stream']:.2f}x); a 1-thread session each "
+                  f"{b['two_sessions_1_thread']:.1f} ({b['two_sessions_1_thread'] / b['one_stream']:.2f}x)."]
     if "perf" in r:
         lines += ["", "| perf samples, 1 stream | share |", "|---|---:|"]
         lines += [f"| {g} | {pct:.1f}% |" for g, pct in r["perf"]]
