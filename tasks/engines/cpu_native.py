@@ -70,6 +70,7 @@ CC_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 REQUIRED_ISA = ("avx2", "fma", "f16c")
 GROUP = 64
 MAX_ROWS = 4  # rows per decoder step (the C kernels' M limit)
+IDLE_EXIT_S = 2.0  # an idle scheduler thread ends after this long (restarted by the next generate)
 FIX = "use engine.backend: cpu (onnxruntime) for this checkpoint or machine"
 
 DEFAULT_PROFILE: dict[str, Any] = {
@@ -642,7 +643,11 @@ class _Scheduler:
             with self.cv:
                 while not self.pending and not live:
                     self.dec = None  # idle: give the KV cache back
-                    self.cv.wait()
+                    if not self.cv.wait(timeout=IDLE_EXIT_S) and not self.pending:
+                        # Idle for a while: end the thread, so it does not keep the session (and its weights)
+                        # alive after the caller dropped it; the next submit starts a new one.
+                        self.thread = None
+                        return
                 admit = []
                 while self.pending and len(live) + len(admit) < MAX_ROWS:
                     admit.append(self.pending.popleft())

@@ -499,3 +499,30 @@ def test_real_student_parity(tmp_path_factory, record_property) -> None:
     print(f"real student: greedy identical {agree}/{total}, top-1 {top1}/{positions}, max |dlogit| {max_diff:.2e}, head {session.stats}")
     assert agree / total >= 0.98 and top1 / positions >= 0.98
     assert max_diff < 1e-3
+
+
+def test_idle_scheduler_lets_the_session_go(engines, monkeypatch) -> None:
+    """The scheduler thread ends when idle, so a dropped session's weights are freed; the next call restarts it."""
+    import gc
+    import weakref
+
+    monkeypatch.setattr(cpu_native, "IDLE_EXIT_S", 0.05)
+    session = cpu_native.load(engines["asym"])
+    ids = _prompts()[0]
+
+    def run() -> tuple[list[int], threading.Thread]:
+        gen = cpu_native.generate(session, ids, 4, [])
+        first = next(gen)
+        thread = session._scheduler.thread  # taken while the stream is live (the thread exits soon after)
+        return [first, *gen], thread
+
+    want, thread = run()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and session._scheduler.thread is None
+    again, second = run()  # a new thread serves the next call
+    assert again == want and second is not thread
+    second.join(timeout=10)
+    ref = weakref.ref(session)
+    del session
+    gc.collect()
+    assert ref() is None
