@@ -51,22 +51,27 @@ GROUPS = (
 )
 
 
-def run_streams(session, k: int, n: int) -> dict:
-    """k concurrent generate() calls of n tokens; the scheduler's stats for exactly this run."""
-    for key in session.stats:
-        session.stats[key] = 0
+def concurrent_wall(sessions: list, n: int) -> float:
+    """Seconds for one generate() call of n tokens per entry of `sessions`, all at once (a thread each)."""
 
-    def one() -> None:
+    def one(session) -> None:
         got = list(cpu_native.generate(session, PROMPT, n, []))
         assert len(got) == n
 
-    threads = [threading.Thread(target=one) for _ in range(k)]
+    threads = [threading.Thread(target=one, args=(s,)) for s in sessions]
     t = time.perf_counter()
     for th in threads:
         th.start()
     for th in threads:
         th.join()
-    wall = time.perf_counter() - t
+    return time.perf_counter() - t
+
+
+def run_streams(session, k: int, n: int) -> dict:
+    """k concurrent generate() calls of n tokens on one session; the scheduler's stats for exactly this run."""
+    for key in session.stats:
+        session.stats[key] = 0
+    wall = concurrent_wall([session] * k, n)
     st = dict(session.stats)
     steps = st["scheduler_steps"]
     return {
@@ -90,17 +95,8 @@ def batched_vs_sessions(engine: Path, session, n: int, repeats: int) -> dict:
         else:
             os.environ[THREADS_ENV] = old
 
-    def aggregate(sessions) -> float:
-        def one(s) -> None:
-            list(cpu_native.generate(s, PROMPT, n, []))
-
-        threads = [threading.Thread(target=one, args=(s,)) for s in sessions]
-        t = time.perf_counter()
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        return n * len(sessions) / (time.perf_counter() - t)
+    def aggregate(sessions: list) -> float:
+        return n * len(sessions) / concurrent_wall(sessions, n)
 
     for s in solo:
         list(cpu_native.generate(s, PROMPT, 4, []))

@@ -672,12 +672,12 @@ class _Scheduler:
                 t2 = time.perf_counter_ns()
                 for req, token in zip(rows, tokens):
                     if token in req.stops:
-                        self._finish(live, req, _DONE)
+                        self._finish(live, req)
                         continue
                     req.produced.append(token)
                     req.out.put(token)
                     if len(req.produced) == req.max_new:
-                        self._finish(live, req, _DONE)
+                        self._finish(live, req)
                 rows = [r for r in rows if r.slot in live and not r.cancelled]
                 t3 = t4 = time.perf_counter_ns()
                 if rows:
@@ -706,9 +706,10 @@ class _Scheduler:
             st["scheduler_ns"] += time.perf_counter_ns() - loop_start - prefill_ns - head_ns - layers_ns
 
     @staticmethod
-    def _finish(live: dict[int, _Request], req: _Request, item: object) -> None:
+    def _finish(live: dict[int, _Request], req: _Request) -> None:
+        """The stream is complete: free its slot and tell its consumer."""
         live.pop(req.slot, None)
-        req.out.put(item)
+        req.out.put(_DONE)
 
 
 def _scheduler(session: NativeSession) -> _Scheduler:
