@@ -2,16 +2,19 @@
 
 Native CPU engine backend: a small Llama decoder in C (AVX2 + FMA, `native/q4.c`) driven through ctypes.
 
-* The int4 body runs the checkpoint's own integers: y = sum_g s * sum_k (q - z) * x with fp32
-  activations, so the engine computes what the fake-quantized HF model computes (only the fp32
-  summation order differs; logits agree to ~1e-4). Dense checkpoints, and quantized schemes the
-  int4 kernel cannot hold (8-bit, group size != 64, act-order, mixed recipes) with
-  `inexact_weights: dequantize`, run fp32 weights through an fp32 kernel of the same shape;
-  engine.json says so under "dequantized".
-* Greedy decoding uses an exact-argmax lm_head: an int8 per-row copy of the fp32 head gives
-  approximate logits, a per-row Cauchy-Schwarz bound selects every row that could be the argmax, and
-  those are rescored in fp32 against the original table (one full fp32 pass when there are more than
-  `max_candidates`). The chosen token is the fp32 argmax, not an approximation of it.
+* The int4 body runs the checkpoint's own integers: y = sum_g s * xs * sum_k (q - z) * xq, with the
+  activations quantized to int16 per 64-element group (xq, scale xs: 15 bits, where fp16 keeps 11), so
+  every group's dot product is an exact integer (AVX2 vpmaddwd) and only the activation rounding and
+  fp32 sums of exact group terms differ from the fake-quantized HF model (logits within 0.5e-4 to 2.5e-4 of their
+  largest magnitude, the same greedy tokens; BENCHMARKS.md). Unpacking int4 this way takes 1.5 ALU ops per 16 weights, so a
+  step is bound by reading the weights and a second stream in the same step costs little.
+  Dense checkpoints, and quantized schemes the int4 kernel cannot hold (8-bit, group size != 64,
+  act-order, mixed recipes) with `inexact_weights: dequantize`, run fp32 weights and fp32 activations
+  through an fp32 kernel of the same shape; engine.json says so under "dequantized".
+* Greedy decoding uses an exact-argmax lm_head: an int8 per-row copy of the fp32 head (times the int16
+  activations) gives approximate logits, a per-row Cauchy-Schwarz bound (which includes the activation
+  rounding) selects every row that could be the argmax, and those are rescored in fp32 against the
+  original table (one full fp32 pass when there are more than `max_candidates`). The chosen token is the fp32 argmax, not an approximation of it.
 * `score` runs the full fp32 head (one SGEMM over all positions).
 * One decoder step carries up to 4 rows: a prefill chunk of one stream, or one decode row per
   stream; `generate_batch` decodes several prompts together in one step per token.
@@ -63,7 +66,7 @@ from tasks.engines.cpu_onnx import (
 BACKEND = "cpu_native"
 ENGINE_JSON = "engine.json"
 WEIGHTS = "weights.safetensors"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: int4 words of 4 nibbles for the int16-activation kernels; row-major int8 head
 SOURCE = Path(__file__).resolve().parent / "native" / "q4.c"
 CACHE_ENV = "EDGEFLOW_NATIVE_CACHE"
 CC_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
@@ -191,36 +194,36 @@ def _library() -> ctypes.CDLL:
 # --------------------------------------------------------------------------------------------
 
 
-def interleave_int4(q: np.ndarray, s: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """q uint8 [N, K] in 0..15, s fp32 [N, K/64], z uint8 [N, K/64] -> the q4i_gemm layout (w, s, z)."""
+def pack_int4(q: np.ndarray, s: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q uint8 [N, K] in 0..15, s fp32 [N, K/64], z uint8 [N, K/64] -> the q4i_gemm layout (w, s, z fp32).
+
+    Word i of a row's group holds q[i], q[16+i], q[32+i], q[48+i] in its four nibbles (low to high), so
+    the kernel gets four int16 vectors of q with two shifts and masks.
+    """
     n, k = q.shape
     g = k // GROUP
-    qq = q.astype(np.uint8).reshape(n, g, GROUP)
-    packed = qq[..., :32] | (qq[..., 32:] << 4)  # [N, G, 32]
-    w = packed.reshape(n // 4, 4, g, 4, 8).transpose(0, 2, 3, 1, 4)  # [tile, g, chunk, row, 8]
-    si = s.astype(np.float32).reshape(n // 4, 4, g).transpose(0, 2, 1)
-    zi = z.astype(np.int32).reshape(n // 4, 4, g).transpose(0, 2, 1)
-    return np.ascontiguousarray(w), np.ascontiguousarray(si), np.ascontiguousarray(zi)
+    qq = q.astype(np.uint16).reshape(n, g, 4, 16)
+    w = qq[:, :, 0] | (qq[:, :, 1] << 4) | (qq[:, :, 2] << 8) | (qq[:, :, 3] << 12)  # [N, G, 16]
+    return np.ascontiguousarray(w), np.ascontiguousarray(s, np.float32), np.ascontiguousarray(z, np.float32)
 
 
 def int8_head(E: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-row int8 copy of the fp32 head (rows padded to a multiple of 4, tile-interleaved) and the
-    per-row norms the exact-argmax bound needs: dn = ||E_r - Ehat_r||, en = ||E_r||."""
+    """Per-row int8 copy of the fp32 head (row-major, rows padded to a multiple of 4 and columns to a
+    multiple of 64 with zeros) and the per-row norms the exact-argmax bound needs: dn = ||E_r - Ehat_r||,
+    en = ||E_r||."""
     v, k = E.shape
-    vp = -(-v // 4) * 4
+    vp, kp = -(-v // 4) * 4, -(-k // GROUP) * GROUP
     amax = np.abs(E).max(axis=1)
     scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
     q = np.clip(np.rint(E / scale[:, None]), -127, 127).astype(np.int8)
     E64 = E.astype(np.float64)
     dn = np.linalg.norm(E64 - q.astype(np.float64) * scale[:, None].astype(np.float64), axis=1) * (1 + 1e-6)
     en = np.linalg.norm(E64, axis=1)
-    qp = np.zeros((vp, k), np.int8)
-    qp[:v] = q
+    qp = np.zeros((vp, kp), np.int8)
+    qp[:v, :k] = q
     sp = np.ones(vp, np.float32)
     sp[:v] = scale
-    wi = qp.reshape(vp // 4, 4, k // 8, 8).transpose(0, 2, 1, 3)
-    return {"head.q8": np.ascontiguousarray(wi), "head.q8_scale": sp,
-            "head.dn": dn.astype(np.float32), "head.en": en.astype(np.float32)}
+    return {"head.q8": qp, "head.q8_scale": sp, "head.dn": dn.astype(np.float32), "head.en": en.astype(np.float32)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -307,7 +310,7 @@ def _dense_weights(checkpoint_dir: Path, dequantize: bool) -> dict[str, np.ndarr
 
 
 def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
-    """Write the native engine: interleaved int4 (or fp32) layers, fp32 tables, int8 head, engine.json."""
+    """Write the native engine: packed int4 (or fp32) layers, fp32 tables, int8 head, engine.json."""
     from safetensors.numpy import save_file
 
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
@@ -344,7 +347,7 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
                 parts = {n: _int4_layer(tensors, f"model.layers.{i}.{n}", scheme) for n in _LINEARS}
                 for fused, names in _FUSED:
                     q, s, z = (np.concatenate([parts[n][j] for n in names]) for j in range(3))
-                    w, si, zi = interleave_int4(q, s, z)
+                    w, si, zi = pack_int4(q, s, z)
                     out[f"layers.{i}.{fused}.w"], out[f"layers.{i}.{fused}.s"], out[f"layers.{i}.{fused}.z"] = w, si, zi
         except NotInt4Exact as e:  # found in the tensors (act-order g_idx)
             if prof["inexact_weights"] == "error":
@@ -384,7 +387,9 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
         **kernel,
         "numpy": np.__version__,
         "required_isa": list(REQUIRED_ISA),
-        "weights": "int4-g64-interleaved" if scheme is not None else "fp32",
+        "weights": "int4-g64" if scheme is not None else "fp32",
+        # what the int4 and head kernels multiply the weights with (fp32 weights take fp32 activations)
+        "activations": "int16 per 64-group" if scheme is not None else "fp32",
         "precision": "int4" if scheme is not None else "fp32",  # what the layers compute with (report column)
         "quantization": scheme.as_dict() if scheme else None,
         "dequantized": dequantized and {"reason": dequantized, "checkpoint_quantization": config["quantization_config"]},
