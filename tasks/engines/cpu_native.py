@@ -4,10 +4,10 @@ Native CPU engine backend: a small Llama decoder in C (AVX2 + FMA, `native/q4.c`
 
 * The int4 body runs the checkpoint's own integers: y = sum_g s * xs * sum_k (q - z) * xq, with the
   activations quantized to int16 per 64-element group (xq, scale xs: 15 bits, where fp16 keeps 11), so
-  every group's dot product is an exact integer (AVX2 vpmaddwd) and only the activation rounding and
-  fp32 sums of exact group terms differ from the fake-quantized HF model (logits within 0.5e-4 to 2.5e-4 of their
-  largest magnitude, the same greedy tokens; BENCHMARKS.md). Unpacking int4 this way takes 1.5 ALU ops per 16 weights, so a
-  step is bound by reading the weights and a second stream in the same step costs little.
+  every group's dot product is an exact integer (AVX2 vpmaddwd) and only the activation rounding and the
+  fp32 sum over groups differ from the fake-quantized HF model (logits within 0.5e-4 to 2.5e-4 of their
+  largest magnitude, the same greedy tokens; BENCHMARKS.md). Unpacking int4 this way takes 2.75 ALU ops
+  per 16 weights, shared by every stream in the step, so a second stream adds only its multiply-adds.
   Dense checkpoints, and quantized schemes the int4 kernel cannot hold (8-bit, group size != 64,
   act-order, mixed recipes) with `inexact_weights: dequantize`, run fp32 weights and fp32 activations
   through an fp32 kernel of the same shape; engine.json says so under "dequantized".
@@ -195,7 +195,7 @@ def _library() -> ctypes.CDLL:
 
 
 def pack_int4(q: np.ndarray, s: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """q uint8 [N, K] in 0..15, s fp32 [N, K/64], z uint8 [N, K/64] -> the q4i_gemm layout (w, s, z fp32).
+    """q uint8 [N, K] in 0..15, s fp32 [N, K/64], z uint8 [N, K/64] -> the q4i_gemm layout (w, s, z int16).
 
     Word i of a row's group holds q[i], q[16+i], q[32+i], q[48+i] in its four nibbles (low to high), so
     the kernel gets four int16 vectors of q with two shifts and masks.
@@ -204,7 +204,7 @@ def pack_int4(q: np.ndarray, s: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, 
     g = k // GROUP
     qq = q.astype(np.uint16).reshape(n, g, 4, 16)
     w = qq[:, :, 0] | (qq[:, :, 1] << 4) | (qq[:, :, 2] << 8) | (qq[:, :, 3] << 12)  # [N, G, 16]
-    return np.ascontiguousarray(w), np.ascontiguousarray(s, np.float32), np.ascontiguousarray(z, np.float32)
+    return np.ascontiguousarray(w), np.ascontiguousarray(s, np.float32), np.ascontiguousarray(z, np.int16)
 
 
 def int8_head(E: np.ndarray) -> dict[str, np.ndarray]:

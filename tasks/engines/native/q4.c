@@ -8,14 +8,15 @@
 // 1. q4i_gemm: y[m, n] = sum_g s[n, g] * xs[m, g] * sum_{k in g} (q[n, k] - z[n, g]) * xq[m, k]  (group 64).
 //    q and z are the checkpoint's unsigned 4-bit integers (compressed-tensors stores q + 8; a symmetric
 //    scheme has z = 8): the weights are used exactly. The activations are quantized per 64-group to int16
-//    (xq, scale xs; 15 bits where fp16 keeps 11), so sum_k q * xq is an exact integer (vpmaddwd) and the
-//    roundings are the activations' (half a step of the group's max) and fp32 sums of exact group terms.
+//    (xq, scale xs; 15 bits where fp16 keeps 11), so sum_k (q - z) * xq is an exact integer (vpmaddwd) and
+//    the roundings are the activations' (half a step of the group's max) and the fp32 sum over groups.
 //    Measured against the fake-quantized model in fp32: logits within 0.5e-4 to 2.5e-4 of their largest
 //    magnitude, identical greedy tokens (BENCHMARKS.md). Up to 4 activation rows (a decode step of up to 4
-//    streams, or a 4-token prefill chunk) share one unpack of every weight row, and the unpack is 1.5 ALU
-//    ops per 16 weights, so a step is close to reading the weights once: a second stream costs little.
+//    streams, or a 4-token prefill chunk) share one unpack of every weight row (2.75 ALU ops per 16
+//    weights, against 8 to reach fp32), so a step is close to reading the weights once and a second stream
+//    adds only its own multiply-adds.
 //    Layout: w [N][G][16] uint16, word i of row n's group g = q[i] | q[16+i] << 4 | q[32+i] << 8 | q[48+i] << 12
-//    (indices within the group); s and z fp32 [N][G] (z holds the small integer zero points exactly).
+//    (indices within the group); s fp32 [N][G], z int16 [N][G].
 // 2. f32_gemm: y = x @ W^T for plain fp32 weights [N, K] (dense checkpoints, dequantized schemes), fp32 throughout.
 // 3. head_argmax: exact greedy argmax of x . E_r over the fp32 lm_head E [V, K] from an int8 per-row
 //    copy Ehat (row-major [Vp][Kp], K zero-padded to a multiple of 64) and int16 activations xhat (one scale).
@@ -48,9 +49,8 @@ static inline float hsum(__m256 v) {
 // ---------------------------------------------------------------------------------------------- activations
 // Each 64-element group of an activation row is quantized to int16 with its own scale: xs = max|x| / 32767,
 // xq = rint(x / xs). 15 bits per group (fp16 keeps 11), so a group's own outlier costs only that group's
-// precision. Rows are padded with zeros to Kp (a multiple of 64). Out: xq [M, Kp], xs and xsum (sum of the
-// group's xq, exact in fp32) [M, Kp/64].
-static void quantize_rows(const float* x, int M, int K, int Kp, int16_t* xq, float* xs, float* xsum) {
+// precision. Rows are padded with zeros to Kp (a multiple of 64). Out: xq [M, Kp], xs [M, Kp/64].
+static void quantize_rows(const float* x, int M, int K, int Kp, int16_t* xq, float* xs) {
     const int G = Kp / 64; const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int m = 0; m < M; m++) {
         const float* a = x + (size_t)m * K; int16_t* q = xq + (size_t)m * Kp;
@@ -74,45 +74,38 @@ static void quantize_rows(const float* x, int M, int K, int Kp, int16_t* xq, flo
                 __m256i pk = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8);  // packs works per 128-bit lane
                 _mm256_storeu_si256((__m256i*)(q + g * 64 + i), pk);
             }
-            int sum = 0; for (int i = 0; i < 64; i++) sum += q[g * 64 + i];
-            xsum[(size_t)m * G + g] = (float)sum;
         }
     }
 }
 
 // ---------------------------------------------------------------------------------------------- int4
 // One weight row's group of 64 is 16 uint16 words; word i holds q[i], q[16+i], q[32+i], q[48+i] in bits
-// 0-3, 4-7, 8-11, 12-15, so two shifts and masks give four int16 vectors of q (0..15). vpmaddwd multiplies
-// them with the int16 activations: the products and the 8 per lane (<= 8 * 15 * 32767 < 2^22) are exact in
-// int32 and in the float they convert to, so sum_k q xq over a group is exact. The zero point comes out
-// once per group and row instead of once per weight: sum_k (q - z) xq = sum_k q xq - z * xsum, with
-// corr = sum_g s z xs xsum taken from the row's result. Each weight row is unpacked once for all M rows.
+// 0-3, 4-7, 8-11, 12-15, so three shifts, three masks and four subtractions of the zero point give four int16
+// vectors of q - z (shared by all M activation rows: the per-row work is 4 vpmaddwd, 3 adds, one convert and
+// one FMA per 64 weights). The products and the 8 per lane (|q - z| <= 15: <= 8 * 15 * 32767 < 2^22) are
+// exact in int32 and in the float they convert to, so each group's sum_k (q - z) xq is exact.
 #define DEFINE_Q4A(MM)                                                                                       \
-static void q4a_rows_##MM(const int16_t* xq, const float* xs, const float* xsum, int K, int N, const uint16_t* w, \
-                          const float* s, const float* z, float* y, int r0, int r1) {                        \
+static void q4a_rows_##MM(const int16_t* xq, const float* xs, int K, int N, const uint16_t* w,           \
+                          const float* s, const int16_t* z, float* y, int r0, int r1) {                      \
     const int G = K / 64; const __m256i mask = _mm256_set1_epi16(15);                                       \
     for (int n = r0; n < r1; n++) {                                                                          \
         const uint16_t* wn = w + (size_t)n * G * 16; const float* sn = s + (size_t)n * G;                    \
-        const float* zn = z + (size_t)n * G;                                                                 \
-        __m256 acc[MM]; float corr[MM], sx[MM * G];  /* sx = s[n, g] * xs[m, g], broadcast from memory */   \
+        const int16_t* zn = z + (size_t)n * G;                                                               \
+        __m256 acc[MM]; float sx[MM * G];  /* sx = s[n, g] * xs[m, g], broadcast from memory */            \
         for (int m = 0; m < MM; m++) {                                                                       \
-            acc[m] = _mm256_setzero_ps(); int g = 0; __m256 c = _mm256_setzero_ps(); float ct = 0;           \
-            const float* xsm = xs + (size_t)m * G; const float* xum = xsum + (size_t)m * G;                 \
-            for (; g + 8 <= G; g += 8) {                                                                     \
-                __m256 v = _mm256_mul_ps(_mm256_loadu_ps(sn + g), _mm256_loadu_ps(xsm + g));                 \
-                _mm256_storeu_ps(sx + m * G + g, v);                                                         \
-                c = _mm256_fmadd_ps(_mm256_mul_ps(v, _mm256_loadu_ps(zn + g)), _mm256_loadu_ps(xum + g), c); \
-            }                                                                                                \
-            for (; g < G; g++) { sx[m * G + g] = sn[g] * xsm[g]; ct += sx[m * G + g] * zn[g] * xum[g]; }    \
-            corr[m] = hsum(c) + ct;                                                                          \
+            acc[m] = _mm256_setzero_ps(); int g = 0; const float* xsm = xs + (size_t)m * G;                  \
+            for (; g + 8 <= G; g += 8)                                                                       \
+                _mm256_storeu_ps(sx + m * G + g, _mm256_mul_ps(_mm256_loadu_ps(sn + g), _mm256_loadu_ps(xsm + g))); \
+            for (; g < G; g++) sx[m * G + g] = sn[g] * xsm[g];                                              \
         }                                                                                                    \
         for (int g = 0; g < G; g++) {                                                                        \
             _mm_prefetch((const char*)(wn + g * 16 + 512), _MM_HINT_T0);                                     \
             const __m256i v = _mm256_loadu_si256((const __m256i*)(wn + g * 16));                             \
-            const __m256i u0 = _mm256_and_si256(v, mask);                                                    \
-            const __m256i u1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);                              \
-            const __m256i u2 = _mm256_and_si256(_mm256_srli_epi16(v, 8), mask);                              \
-            const __m256i u3 = _mm256_srli_epi16(v, 12);                                                     \
+            const __m256i zz = _mm256_set1_epi16(zn[g]);                                                     \
+            const __m256i u0 = _mm256_sub_epi16(_mm256_and_si256(v, mask), zz);                              \
+            const __m256i u1 = _mm256_sub_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask), zz);        \
+            const __m256i u2 = _mm256_sub_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 8), mask), zz);        \
+            const __m256i u3 = _mm256_sub_epi16(_mm256_srli_epi16(v, 12), zz);                               \
             for (int m = 0; m < MM; m++) {                                                                   \
                 const __m256i* xm = (const __m256i*)(xq + (size_t)m * K + g * 64);                           \
                 __m256i p = _mm256_madd_epi16(u0, _mm256_loadu_si256(xm));                                   \
@@ -122,7 +115,7 @@ static void q4a_rows_##MM(const int16_t* xq, const float* xs, const float* xsum,
                 acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(sx + m * G + g), acc[m]);    \
             }                                                                                                \
         }                                                                                                    \
-        for (int m = 0; m < MM; m++) y[(size_t)m * N + n] = hsum(acc[m]) - corr[m];                         \
+        for (int m = 0; m < MM; m++) y[(size_t)m * N + n] = hsum(acc[m]);                                    \
     }                                                                                                        \
 }
 DEFINE_Q4A(1) DEFINE_Q4A(2) DEFINE_Q4A(3) DEFINE_Q4A(4)
@@ -131,19 +124,19 @@ DEFINE_Q4A(1) DEFINE_Q4A(2) DEFINE_Q4A(3) DEFINE_Q4A(4)
     int r0 = (int)((long)N * tid / nth), r1 = (int)((long)N * (tid + 1) / nth);
 
 // Any M: chunks of 4 rows, each chunk sharing one unpack of the weights. K % 64 == 0.
-void q4i_gemm(const float* x, int M, int K, int N, const uint16_t* w, const float* s, const float* z, float* y, int nt) {
+void q4i_gemm(const float* x, int M, int K, int N, const uint16_t* w, const float* s, const int16_t* z, float* y, int nt) {
     const int G = K / 64;
-    int16_t* xq = (int16_t*)_mm_malloc((size_t)4 * K * sizeof(int16_t), 32); float xs[4 * G], xsum[4 * G];
+    int16_t* xq = (int16_t*)_mm_malloc((size_t)4 * K * sizeof(int16_t), 32); float xs[4 * G];
     for (int m0 = 0; m0 < M; m0 += 4) {
         const int mm = M - m0 < 4 ? M - m0 : 4;
-        quantize_rows(x + (size_t)m0 * K, mm, K, K, xq, xs, xsum);
+        quantize_rows(x + (size_t)m0 * K, mm, K, K, xq, xs);
         float* ym = y + (size_t)m0 * N;
         #pragma omp parallel num_threads(nt)
         { SPLIT_ROWS
-          switch (mm) { case 1: q4a_rows_1(xq, xs, xsum, K, N, w, s, z, ym, r0, r1); break;
-                        case 2: q4a_rows_2(xq, xs, xsum, K, N, w, s, z, ym, r0, r1); break;
-                        case 3: q4a_rows_3(xq, xs, xsum, K, N, w, s, z, ym, r0, r1); break;
-                        default: q4a_rows_4(xq, xs, xsum, K, N, w, s, z, ym, r0, r1); } }
+          switch (mm) { case 1: q4a_rows_1(xq, xs, K, N, w, s, z, ym, r0, r1); break;
+                        case 2: q4a_rows_2(xq, xs, K, N, w, s, z, ym, r0, r1); break;
+                        case 3: q4a_rows_3(xq, xs, K, N, w, s, z, ym, r0, r1); break;
+                        default: q4a_rows_4(xq, xs, K, N, w, s, z, ym, r0, r1); } }
     }
     _mm_free(xq);
 }
@@ -336,7 +329,7 @@ typedef struct { int64_t ln1, qkv_w, qkv_s, qkv_z, o_w, o_s, o_z, ln2, gu_w, gu_
 
 static void linear(const float* x, int M, int K, int N, int64_t kind, int64_t w, int64_t s, int64_t z, float* y, int nt) {
     if (kind == 1) f32_gemm(x, M, K, N, (const float*)w, y, nt);
-    else q4i_gemm(x, M, K, N, (const uint16_t*)w, (const float*)s, (const float*)z, y, nt);
+    else q4i_gemm(x, M, K, N, (const uint16_t*)w, (const float*)s, (const int16_t*)z, y, nt);
 }
 
 static inline float dot_hd(const float* a, const float* b, int n) {  // n % 16 == 0
