@@ -16,8 +16,9 @@ Native CPU engine backend: a small Llama decoder in C (AVX2 + FMA, `native/q4.c`
   rounding) selects every row that could be the argmax, and those are rescored in fp32 against the
   original table (one full fp32 pass when there are more than `max_candidates`). The chosen token is the fp32 argmax, not an approximation of it.
 * `score` runs the full fp32 head (one SGEMM over all positions).
-* One decoder step carries up to 4 rows: a prefill chunk of one stream, or one decode row per
-  stream; `generate_batch` decodes several prompts together in one step per token.
+* One decoder step carries up to 16 rows: prefill chunks of the prompts that arrived together, or
+  one decode row per stream (up to 4 streams); `generate_batch` decodes several prompts together in
+  one step per token.
 
 Architecture scope: LlamaForCausalLM (SiLU MLP, no biases, default RoPE), hidden and intermediate
 sizes multiples of 64 (int4) or 8 (fp32), head_dim a multiple of 16. Anything else raises ValueError
@@ -72,7 +73,8 @@ CACHE_ENV = "EDGEFLOW_NATIVE_CACHE"
 CC_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 REQUIRED_ISA = ("avx2", "fma", "f16c")
 GROUP = 64
-MAX_ROWS = 4  # rows per decoder step (the C kernels' M limit)
+MAX_ROWS = 4  # streams decoded together (one row each per step)
+STEP_ROWS = 16  # rows one llama_step call carries (q4.c's STEP_ROWS): prefill chunks of one or several prompts
 IDLE_EXIT_S = 2.0  # an idle scheduler thread ends after this long (restarted by the next generate)
 FIX = "use engine.backend: cpu (onnxruntime) for this checkpoint or machine"
 
@@ -185,6 +187,9 @@ def _library() -> ctypes.CDLL:
             lib.llama_step.argtypes = [I, P, P, P, P, I, I, I, I, I, I, F, P, P, I, I, P, P, P, P, P, I]
             for name in ("q4i_gemm", "f32_gemm", "head_argmax", "llama_step"):
                 getattr(lib, name).restype = None
+            lib.llama_step_rows.argtypes = []
+            if lib.llama_step_rows() != STEP_ROWS:  # the scratch buffers are sized by it
+                raise RuntimeError(f"{path}: q4.c carries {lib.llama_step_rows()} rows per step, this module {STEP_ROWS}")
             _LIBS[str(path)] = lib
         return _LIBS[str(path)]
 
@@ -532,7 +537,7 @@ class _Decoder:
         self.scratch = np.empty(n, np.float32)
 
     def step(self, ids: Sequence[int], pos: Sequence[int], slots: Sequence[int]) -> np.ndarray:
-        """One decoder pass over <= 4 rows; returns the final-normed hidden states [M, hidden]."""
+        """One decoder pass over <= STEP_ROWS rows; returns the final-normed hidden states [M, hidden]."""
         s, a = self.s, self.a
         m = len(ids)
         h = np.ascontiguousarray(s.embed[np.asarray(ids, dtype=np.int64)], np.float32)
@@ -547,10 +552,20 @@ class _Decoder:
         return out
 
     def prefill(self, ids: Sequence[int], slot: int) -> np.ndarray:
-        """Run a prompt from position 0 in chunks of 4; returns the hidden states of every position."""
-        outs = [self.step(ids[i:i + MAX_ROWS], range(i, min(i + MAX_ROWS, len(ids))), [slot] * len(ids[i:i + MAX_ROWS]))
-                for i in range(0, len(ids), MAX_ROWS)]
-        return np.concatenate(outs)
+        """Run a prompt from position 0; returns the hidden states of every position."""
+        return self.prefill_many([(ids, slot)])[0]
+
+    def prefill_many(self, prompts: Sequence[tuple[Sequence[int], int]]) -> list[np.ndarray]:
+        """Run several prompts (ids, slot) from position 0 together, STEP_ROWS rows per step (each slot's
+        rows stay consecutive and in order); returns each prompt's hidden states [len(ids), hidden]."""
+        rows = [(t, p, slot, n) for n, (ids, slot) in enumerate(prompts) for p, t in enumerate(ids)]
+        hs = []
+        for i in range(0, len(rows), STEP_ROWS):
+            chunk = rows[i:i + STEP_ROWS]
+            hs.append(self.step([r[0] for r in chunk], [r[1] for r in chunk], [r[2] for r in chunk]))
+        h = np.concatenate(hs)
+        owner = np.asarray([r[3] for r in rows])
+        return [h[owner == n] for n in range(len(prompts))]
 
 
 def head_argmax(session: NativeSession, x: np.ndarray, max_candidates: int | None = None) -> tuple[list[int], list[int], list[list[int]]]:
@@ -612,8 +627,8 @@ class _Scheduler:
     """In-flight batching for one session: a single thread owns one decoder with MAX_ROWS slots, and
     every step carries one row per live stream, so N concurrent `generate` calls unpack the weights
     once per token instead of N times and never compete for cores (a thread per stream, each with
-    all cores, would oversubscribe them). A stream that arrives is prefilled (4-row chunks) and joins
-    at the next step; one that ends frees its slot for the next in line (FIFO)."""
+    all cores, would oversubscribe them). Streams that arrive are prefilled (together, 16 rows per step)
+    and join at the next step; one that ends frees its slot for the next in line (FIFO)."""
 
     def __init__(self, session: NativeSession):
         self.s = session
@@ -667,7 +682,9 @@ class _Scheduler:
                 for req in admit:
                     req.slot = min(set(range(MAX_ROWS)) - set(live))
                     live[req.slot] = req
-                    req.h = self.dec.prefill(req.ids, req.slot)[-1:]
+                if admit:  # prompts that arrived together share their prefill steps
+                    for req, h in zip(admit, self.dec.prefill_many([(r.ids, r.slot) for r in admit])):
+                        req.h = h[-1:]
                 if not live:
                     continue
                 rows = list(live.values())

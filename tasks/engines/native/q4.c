@@ -12,7 +12,7 @@
 //    the roundings are the activations' (half a step of the group's max) and the fp32 sum over groups.
 //    Measured against the fake-quantized model in fp32: logits within 0.5e-4 to 2.5e-4 of their largest
 //    magnitude, identical greedy tokens (BENCHMARKS.md). Up to 4 activation rows (a decode step of up to 4
-//    streams, or a 4-token prefill chunk) share one unpack of every weight row (2.75 ALU ops per 16
+//    streams, or 4 tokens of a prefill chunk) share one unpack of every weight row (2.75 ALU ops per 16
 //    weights, against 8 to reach fp32), so a step is close to reading the weights once and a second stream
 //    adds only its own multiply-adds.
 //    Layout: w [N][G][16] uint16, word i of row n's group g = q[i] | q[16+i] << 4 | q[32+i] << 8 | q[48+i] << 12
@@ -26,10 +26,11 @@
 //    (K/8 + K/16 + 8) unit roundoffs, doubled, and at least 1e-5 (more than either needs).
 //    Every row with a_r + e_r >= max_j (a_j - e_j) is a candidate: the true argmax is always one of them.
 //    Candidates are rescored in fp32 against E; above max_cand candidates one full fp32 pass runs.
-// 4. llama_step: a whole Llama decoder pass for M <= 4 rows (RMSNorm, fused qkv, RoPE, KV write, GQA
+// 4. llama_step: a whole Llama decoder pass for M <= 16 rows (RMSNorm, fused qkv, RoPE, KV write, GQA
 //    attention, o_proj, residual, RMSNorm, fused gate/up, SiLU * up, down, residual, final norm), so a
-//    step has no per-op Python overhead. Row m has its own slot (KV cache) and position; rows of one slot
-//    must be consecutive positions (a prefill chunk), rows of different slots are a batched decode step.
+//    step has no per-op Python overhead. Row m has its own slot (KV cache) and position; the rows of one slot
+//    are consecutive positions in order (a prefill chunk, or one decode row), and several slots may share a
+//    step (a batched decode step, or the prompts of streams that arrived together).
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -123,22 +124,24 @@ DEFINE_Q4A(1) DEFINE_Q4A(2) DEFINE_Q4A(3) DEFINE_Q4A(4)
 #define SPLIT_ROWS int tid = omp_get_thread_num(), nth = omp_get_num_threads();                              \
     int r0 = (int)((long)N * tid / nth), r1 = (int)((long)N * (tid + 1) / nth);
 
-// Any M: chunks of 4 rows, each chunk sharing one unpack of the weights. K % 64 == 0.
+// Any M: one parallel region; each thread takes a range of weight rows and runs the activation rows over
+// it in chunks of 4 (each chunk sharing one unpack). K % 64 == 0.
 void q4i_gemm(const float* x, int M, int K, int N, const uint16_t* w, const float* s, const int16_t* z, float* y, int nt) {
     const int G = K / 64;
-    int16_t* xq = (int16_t*)_mm_malloc((size_t)4 * K * sizeof(int16_t), 32); float xs[4 * G];
-    for (int m0 = 0; m0 < M; m0 += 4) {
-        const int mm = M - m0 < 4 ? M - m0 : 4;
-        quantize_rows(x + (size_t)m0 * K, mm, K, K, xq, xs);
-        float* ym = y + (size_t)m0 * N;
-        #pragma omp parallel num_threads(nt)
-        { SPLIT_ROWS
-          switch (mm) { case 1: q4a_rows_1(xq, xs, K, N, w, s, z, ym, r0, r1); break;
-                        case 2: q4a_rows_2(xq, xs, K, N, w, s, z, ym, r0, r1); break;
-                        case 3: q4a_rows_3(xq, xs, K, N, w, s, z, ym, r0, r1); break;
-                        default: q4a_rows_4(xq, xs, K, N, w, s, z, ym, r0, r1); } }
-    }
-    _mm_free(xq);
+    int16_t* xq = (int16_t*)_mm_malloc((size_t)M * K * sizeof(int16_t), 32);
+    float* xs = (float*)_mm_malloc((size_t)M * G * sizeof(float), 32);
+    quantize_rows(x, M, K, K, xq, xs);
+    #pragma omp parallel num_threads(nt)
+    { SPLIT_ROWS
+      for (int m0 = 0; m0 < M; m0 += 4) {
+          const int mm = M - m0 < 4 ? M - m0 : 4;
+          const int16_t* q = xq + (size_t)m0 * K; const float* a = xs + (size_t)m0 * G;
+          float* ym = y + (size_t)m0 * N;
+          switch (mm) { case 1: q4a_rows_1(q, a, K, N, w, s, z, ym, r0, r1); break;
+                        case 2: q4a_rows_2(q, a, K, N, w, s, z, ym, r0, r1); break;
+                        case 3: q4a_rows_3(q, a, K, N, w, s, z, ym, r0, r1); break;
+                        default: q4a_rows_4(q, a, K, N, w, s, z, ym, r0, r1); } } }
+    _mm_free(xq); _mm_free(xs);
 }
 
 // ---------------------------------------------------------------------------------------------- fp32
@@ -362,20 +365,25 @@ static void rope(float* v, int nh, int hd, const float* cs, const float* sn) {  
     }
 }
 
+// Rows one llama_step call may carry (a prefill chunk; a decode step has one row per stream).
+#define STEP_ROWS 16
+int llama_step_rows(void) { return STEP_ROWS; }
+
 // Scratch floats needed by llama_step (for nt threads).
 long llama_scratch_floats(int Hd, int H, int KV, int hd, int I, int maxlen, int nt) {
-    return 4L * (3L * Hd + (long)(H + 2 * KV) * hd + 3L * I) + (long)nt * maxlen + 64;
+    return (long)STEP_ROWS * (3L * Hd + (long)(H + 2 * KV) * hd + 3L * I) + (long)nt * maxlen + 64;
 }
 
 // h [M, Hd]: token embeddings in, residual stream (clobbered). out [M, Hd]: final-normed hidden states.
-// kc, vc: [nL][S][KV][maxlen][hd]. cosT, sinT: [maxlen][hd]. M <= 4.
+// kc, vc: [nL][S][KV][maxlen][hd]. cosT, sinT: [maxlen][hd]. M <= STEP_ROWS.
 void llama_step(int M, const int* pos, const int* slot, float* h, const layer_t* Ls, int nL,
                 int Hd, int H, int KV, int hd, int I, float eps,
                 float* kc, float* vc, int S, int maxlen, const float* cosT, const float* sinT,
                 const float* normw, float* out, float* scratch, int nt) {
     const int NQKV = (H + 2 * KV) * hd;
-    float* xn = scratch; float* qkv = xn + 4 * Hd; float* att = qkv + 4 * NQKV; float* tmp = att + 4 * Hd;
-    float* gu = tmp + 4 * Hd; float* act = gu + 4 * 2 * I; float* sc = act + 4 * I;
+    const int R = STEP_ROWS;
+    float* xn = scratch; float* qkv = xn + R * Hd; float* att = qkv + R * NQKV; float* tmp = att + R * Hd;
+    float* gu = tmp + R * Hd; float* act = gu + R * 2 * I; float* sc = act + R * I;
     const float scale = 1.0f / sqrtf((float)hd);
     const size_t cstride_l = (size_t)S * KV * maxlen * hd, cstride_s = (size_t)KV * maxlen * hd, cstride_h = (size_t)maxlen * hd;
     for (int l = 0; l < nL; l++) {

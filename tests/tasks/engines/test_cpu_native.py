@@ -27,7 +27,7 @@ if not {"avx2", "fma", "f16c"} <= cpu_native._cpu_flags() or shutil.which("cc") 
 
 VOCAB = 998
 NEW_TOKENS = 16
-PROMPT_LENGTHS = (5, 11, 23)  # not multiples of the 4-row prefill chunk
+PROMPT_LENGTHS = (5, 11, 23)  # not multiples of the kernels' 4-row blocks; 23 spans two 16-row prefill steps
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -233,6 +233,18 @@ def test_generate_batch_equals_sequential(sessions) -> None:
     assert got[1] == list(cpu_native.generate(session, prompts[1], NEW_TOKENS, [stop]))
     # More streams than decoder slots (4) wait their turn and still get their own tokens.
     assert cpu_native.generate_batch(session, prompts * 2, NEW_TOKENS, []) == sequential * 2
+
+
+def test_prompts_prefilled_together_equal_one_at_a_time(sessions) -> None:
+    """Several prompts share prefill steps of up to STEP_ROWS rows (a prompt longer than one step spans
+    several); every prompt's hidden states equal those of its own prefill."""
+    session = sessions["asym"]
+    prompts = [*_prompts(), list(range(3, 3 + cpu_native.STEP_ROWS + 5))]
+    alone = [cpu_native._Decoder(session, 1, 64).prefill(p, 0) for p in prompts]
+    together = cpu_native._Decoder(session, len(prompts), 64).prefill_many([(p, i) for i, p in enumerate(prompts)])
+    assert [h.shape for h in together] == [h.shape for h in alone]
+    for a, b in zip(alone, together):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
 
 
 def test_generate_stops_and_limits(sessions) -> None:
