@@ -39,11 +39,11 @@ PROMPT = list(range(100, 143))  # 43 token ids: the length of the benchmark's ch
 
 # perf symbol -> what it is (first match wins)
 GROUPS = (
-    (r"^q4i_", "int4 body GEMV (q4i_*)"),
-    (r"^q8i_", "lm_head int8 pass (q8i_*)"),
+    (r"^(q4i_|q4a_)|^quantize_rows$", "int4 body GEMV (q4i_*)"),
+    (r"^(q8i_|q8a_|quantize_rows_1)", "lm_head int8 pass (q8i_*)"),
     (r"^f32_", "fp32 GEMV (f32_*)"),
     (r"^(head_argmax|dotK)", "lm_head bound, candidates, fp32 rescoring"),
-    (r"^llama_step|^rmsnorm|^rope|^__expf|^expf", "rest of the layer step (attention, norms, RoPE, SiLU)"),
+    (r"^llama_step|^rmsnorm|^rope|^__expf|^expf|^exp8", "rest of the layer step (attention, norms, RoPE, SiLU)"),
     (r"^(gomp_|GOMP_|omp_)|libgomp", "OpenMP fork/join and waits"),
     (r"^\[k\]|kernel", "kernel (futex wake-ups, page faults)"),
     (r"^(_Py|Py|_PyEval|gc_|visit_|unicode|dict|list_|tuple|long_|frame|method|cfunction)|libpython|python3", "Python interpreter"),
