@@ -535,6 +535,7 @@ class _Decoder:
         n = session.lib.llama_scratch_floats(a["hidden_size"], a["num_attention_heads"], a["num_key_value_heads"],
                                              a["head_dim"], a["intermediate_size"], max_len, session.threads)
         self.scratch = np.empty(n, np.float32)
+        self.head = _HeadBuffers(session, slots)
 
     def step(self, ids: Sequence[int], pos: Sequence[int], slots: Sequence[int]) -> np.ndarray:
         """One decoder pass over <= STEP_ROWS rows; returns the final-normed hidden states [M, hidden]."""
@@ -568,7 +569,21 @@ class _Decoder:
         return [h[owner == n] for n in range(len(prompts))]
 
 
-def head_argmax(session: NativeSession, x: np.ndarray, max_candidates: int | None = None) -> tuple[list[int], list[int], list[list[int]]]:
+class _HeadBuffers:
+    """Scratch for head_argmax, kept by a decoder so a step does not map (and page-fault) fresh
+    vocabulary-sized arrays for every row."""
+
+    def __init__(self, session: NativeSession, rows: int):
+        vp = session.tensors["head.q8_scale"].shape[0]
+        self.rows = rows
+        self.logits = np.zeros((rows, vp), np.float32)
+        self.cand = np.zeros((rows, session.vocab_size), np.int32)
+        self.tok = np.zeros(rows, np.int32)
+        self.nc = np.zeros(rows, np.int32)
+
+
+def head_argmax(session: NativeSession, x: np.ndarray, max_candidates: int | None = None,
+                buffers: _HeadBuffers | None = None) -> tuple[list[int], list[int], list[list[int]]]:
     """Exact argmax_r x[m] . E_r for each row of x [M, hidden].
 
     Returns (tokens, ncand, candidates): ncand[m] >= 0 is how many rows were rescored (their ids in
@@ -580,21 +595,20 @@ def head_argmax(session: NativeSession, x: np.ndarray, max_candidates: int | Non
     v = session.vocab_size
     vp = t["head.q8_scale"].shape[0]
     cap = session.max_candidates if max_candidates is None else int(max_candidates)
-    scratch = np.empty((m, vp), np.float32)
-    cand = np.empty((m, v), np.int32)
-    tok = np.empty(m, np.int32)
-    nc = np.empty(m, np.int32)
+    if buffers is None or buffers.rows < m:
+        buffers = _HeadBuffers(session, m)
+    scratch, cand, tok, nc = buffers.logits, buffers.cand, buffers.tok, buffers.nc
     session.lib.head_argmax(_ptr(x), m, k, v, vp, _ptr(t["head.q8"]), _ptr(t["head.q8_scale"]), _ptr(t["head.dn"]),
                             _ptr(t["head.en"]), _ptr(session.head), _ptr(scratch), _ptr(cand), cap, _ptr(tok), _ptr(nc),
                             session.threads)
-    ncand = nc.tolist()
+    ncand = nc[:m].tolist()
     with session._lock:
         st = session.stats
         st["head_calls"] += m
         st["candidates"] += sum(n if n >= 0 else -n - 1 for n in ncand)
         st["max_candidates_seen"] = max([st["max_candidates_seen"]] + [n if n >= 0 else -n - 1 for n in ncand])
         st["full_passes"] += sum(n < 0 for n in ncand)
-    return tok.tolist(), ncand, [cand[i, :n].tolist() if n >= 0 else [] for i, n in enumerate(ncand)]
+    return tok[:m].tolist(), ncand, [cand[i, :n].tolist() if n >= 0 else [] for i, n in enumerate(ncand)]
 
 
 def _check_ids(session: NativeSession, input_ids: Sequence[int]) -> list[int]:
@@ -690,7 +704,7 @@ class _Scheduler:
                 rows = list(live.values())
                 streams = len(rows)
                 t1 = time.perf_counter_ns()
-                tokens = head_argmax(self.s, np.concatenate([r.h for r in rows]))[0]
+                tokens = head_argmax(self.s, np.concatenate([r.h for r in rows]), buffers=self.dec.head)[0]
                 t2 = time.perf_counter_ns()
                 for req, token in zip(rows, tokens):
                     if token in req.stops:
