@@ -14,7 +14,8 @@ Native CPU engine backend: a small Llama decoder in C (AVX2 + FMA, `native/q4.c`
 * Greedy decoding uses an exact-argmax lm_head: an int8 per-row copy of the fp32 head (times the int16
   activations) gives approximate logits, a per-row Cauchy-Schwarz bound (which includes the activation
   rounding) selects every row that could be the argmax, and those are rescored in fp32 against the
-  original table (one full fp32 pass when there are more than `max_candidates`). The chosen token is the fp32 argmax, not an approximation of it.
+  original table (one full fp32 pass when there are more than `max_candidates`). The chosen token is
+  the fp32 argmax, not an approximation of it.
 * `score` runs the full fp32 head (one SGEMM over all positions).
 * One decoder step carries up to 16 rows: prefill chunks of the prompts that arrived together, or
   one decode row per stream (up to 4 streams); `generate_batch` decodes several prompts together in
@@ -203,7 +204,7 @@ def pack_int4(q: np.ndarray, s: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, 
     """q uint8 [N, K] in 0..15, s fp32 [N, K/64], z uint8 [N, K/64] -> the q4i_gemm layout (w, s, z int16).
 
     Word i of a row's group holds q[i], q[16+i], q[32+i], q[48+i] in its four nibbles (low to high), so
-    the kernel gets four int16 vectors of q with two shifts and masks.
+    the kernel gets four int16 vectors of q with three shifts and three masks.
     """
     n, k = q.shape
     g = k // GROUP
