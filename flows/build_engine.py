@@ -12,7 +12,7 @@ from tasks.runs import ReleaseContext, content_key, stage_run
 
 
 @task(cache_key_fn=content_key, persist_result=True)
-def build_one(checkpoint: ArtifactRef, engine: EngineConfig, name: str, ctx: ReleaseContext) -> ArtifactRef:
+def build_one(checkpoint: ArtifactRef, engine: EngineConfig, name: str, ctx: ReleaseContext, builder: str) -> ArtifactRef:
     """Build one engine from one checkpoint and record its metadata."""
     from tasks.engines import get_backend
 
@@ -33,5 +33,10 @@ def build_one(checkpoint: ArtifactRef, engine: EngineConfig, name: str, ctx: Rel
 @flow(name="build-engine", log_prints=True)
 def build_engine(profile: str, ctx: ReleaseContext, checkpoints: list[ArtifactRef]) -> list[ArtifactRef]:
     """Checkpoints in (the FP student first, then each variant), engines out."""
+    from tasks.engines import get_backend
+
     p = load_profile(profile)
-    return [build_one(c, p.engine, c.meta.get("variant", "fp32"), ctx) for c in checkpoints]
+    # The builder's identity is part of the cache key: an engine cached by an older edgeflow or runtime
+    # (which this machine would refuse to load) is rebuilt, not reused.
+    builder = get_backend(p.engine.backend).build_identity()
+    return [build_one(c, p.engine, c.meta.get("variant", "fp32"), ctx, builder) for c in checkpoints]

@@ -9,6 +9,10 @@ server and the consistency gate never branch on hardware:
         (backend, versions, build flags, device fingerprint, checkpoint sha256).
     check_compatible(engine_dir: Path) -> None
         Raise EngineIncompatibleError, naming both sides, if this device cannot run the engine.
+    build_identity() -> str
+        What of this machine's builder decides whether an engine built earlier still loads here
+        (engine format, kernel source, runtime versions, GPU); part of the build stage's cache key,
+        so upgrading edgeflow or the runtime rebuilds engines instead of reusing ones it would refuse.
     load(engine_dir: Path) -> Any
         Check compatibility, then load; returns an opaque session handle.
     generate(session, input_ids: list[int], max_new_tokens: int, stop_token_ids: Sequence[int]) -> Iterator[int]
@@ -30,7 +34,7 @@ BACKENDS: dict[str, str] = {
     "tensorrt_llm": "tasks.engines.tensorrt_llm",
 }
 
-API = ("build", "check_compatible", "load", "generate", "score")
+API = ("build", "check_compatible", "build_identity", "load", "generate", "score")
 
 
 class EngineIncompatibleError(RuntimeError):

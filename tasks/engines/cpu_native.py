@@ -413,6 +413,11 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
     return meta
 
 
+def build_identity() -> str:
+    """What decides whether an engine built earlier still loads here: its format and the kernel source."""
+    return f"{BACKEND} format {FORMAT_VERSION}, kernel source {kernel_sha256()[:16]}"
+
+
 # --------------------------------------------------------------------------------------------
 # Runtime
 # --------------------------------------------------------------------------------------------

@@ -612,6 +612,12 @@ def _major_minor(v: str) -> tuple[str, ...]:
     return tuple(str(v).split(".")[:2])
 
 
+def build_identity() -> str:
+    """What decides whether an engine built earlier still loads here: the onnxruntime(-genai) versions."""
+    v = _versions()
+    return f"{BACKEND} onnxruntime-genai {v['onnxruntime_genai']}, onnxruntime {v['onnxruntime']}"
+
+
 def check_compatible(engine_dir: Path) -> None:
     """Raise EngineIncompatibleError (naming both sides) if this machine cannot run the engine."""
     path = Path(engine_dir) / ENGINE_JSON

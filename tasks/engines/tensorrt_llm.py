@@ -645,6 +645,14 @@ def missing_engine_files(engine_dir: Path, meta: dict[str, Any]) -> list[str]:
     return [f for f in meta.get("engine_files", []) if not (Path(engine_dir) / f).exists()]
 
 
+def build_identity() -> str:
+    """What decides whether an engine built earlier still loads here: the GPU architecture and the
+    TensorRT / TensorRT-LLM / L4T versions (a TensorRT engine runs only where it was built)."""
+    fp = device_fingerprint()
+    return (f"{BACKEND} {fp['sm']}, TensorRT {fp['tensorrt']}, TensorRT-LLM {fp['tensorrt_llm']}, "
+            f"L4T {fp['l4t_release']}")
+
+
 def check_compatible(engine_dir: Path) -> None:
     """Raise EngineIncompatibleError (naming both sides) if this machine cannot run the engine."""
     meta = read_engine_json(engine_dir)

@@ -457,3 +457,11 @@ def test_thread_count_env(engines, sessions, monkeypatch) -> None:
     monkeypatch.setenv(cpu_onnx.THREADS_ENV, "0")
     with pytest.raises(ValueError, match=cpu_onnx.THREADS_ENV):
         cpu_onnx.load(engines["asym"])
+
+
+def test_build_identity_names_the_runtime_versions() -> None:
+    import onnxruntime
+    import onnxruntime_genai as og
+
+    ident = get_backend("cpu").build_identity()
+    assert og.__version__ in ident and onnxruntime.__version__ in ident

@@ -333,6 +333,17 @@ def test_check_compatible_files(tmp_path):
         trt.check_compatible(tmp_path)
 
 
+def test_build_identity_names_the_gpu_and_runtime(monkeypatch):
+    """Part of the build stage's cache key: an Orin and an A100 (or a TensorRT-LLM upgrade) never share a cached engine."""
+    monkeypatch.setattr(trt, "device_fingerprint", lambda: dict(ORIN))
+    orin = trt.build_identity()
+    assert "sm87" in orin and "0.12.0" in orin
+    monkeypatch.setattr(trt, "device_fingerprint", lambda: dict(A100))
+    assert "sm80" in trt.build_identity() and trt.build_identity() != orin
+    monkeypatch.setattr(trt, "device_fingerprint", lambda: {**ORIN, "tensorrt_llm": "0.12.1"})
+    assert trt.build_identity() != orin
+
+
 def test_check_compatible_uses_device_fingerprint(tmp_path, monkeypatch):
     trt.write_engine_json(tmp_path, {**_meta(A100), "engine_files": ["config.json"]})
     (tmp_path / "config.json").write_text("{}")

@@ -1,0 +1,43 @@
+"""The build stage's cache key carries the builder's identity, so a cached engine this machine would
+refuse (older engine format, other kernel source or runtime) is rebuilt instead of reused."""
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import flows.build_engine as stage
+from tasks.artifacts import ArtifactRef
+from tasks.config import load_profile
+from tasks.engines import cpu_native
+from tasks.runs import ReleaseContext, content_key
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILE = REPO / "configs" / "test-tiny.yaml"
+
+
+def _ctx() -> ReleaseContext:
+    return ReleaseContext(release_id="r1", profile=str(PROFILE), mlflow_parent_run_id="0" * 32)
+
+
+def test_build_engine_passes_the_backends_build_identity(monkeypatch) -> None:
+    seen = []
+    monkeypatch.setattr(stage, "build_one", lambda c, engine, name, ctx, builder: seen.append((name, builder)) or c)
+    ckpts = [ArtifactRef(kind="student", uri="/x", sha256="a" * 64), ArtifactRef(kind="quantized", uri="/y", sha256="b" * 64, meta={"variant": "awq"})]
+    stage.build_engine.fn(str(PROFILE), _ctx(), ckpts)
+    assert load_profile(PROFILE).engine.backend == "cpu_native"
+    assert seen == [("fp32", cpu_native.build_identity()), ("awq", cpu_native.build_identity())]
+
+
+def test_a_new_kernel_or_format_changes_the_cache_key(monkeypatch) -> None:
+    task_ctx = SimpleNamespace(task=SimpleNamespace(name="build_one"))
+    params = {"checkpoint": ArtifactRef(kind="quantized", uri="/y", sha256="b" * 64), "engine": load_profile(PROFILE).engine,
+              "name": "awq", "ctx": _ctx()}
+    before = cpu_native.build_identity()
+    key = content_key(task_ctx, {**params, "builder": before})
+    assert content_key(task_ctx, {**params, "builder": before, "ctx": _ctx().model_copy(update={"release_id": "r2"})}) == key
+    monkeypatch.setattr(cpu_native, "kernel_sha256", lambda: "f" * 64)
+    assert cpu_native.build_identity() != before
+    assert content_key(task_ctx, {**params, "builder": cpu_native.build_identity()}) != key
+    monkeypatch.undo()
+    monkeypatch.setattr(cpu_native, "FORMAT_VERSION", cpu_native.FORMAT_VERSION + 1)
+    assert cpu_native.build_identity() != before
