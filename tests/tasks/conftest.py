@@ -157,6 +157,7 @@ def make_release(mlflow_server, tiny_llama, calibration_rows, stage_results, mlf
     from flows.release import open_release
     from tasks.artifacts import ArtifactRef, sha256_file, sha256_tree
     from tasks.config import load_profile
+    from tasks.engines import get_backend
     from tasks.quantize import load_recipe
     from tasks.runs import content_key, log_training_set, stage_run
 
@@ -208,7 +209,8 @@ def make_release(mlflow_server, tiny_llama, calibration_rows, stage_results, mlf
                                     recipe=load_recipe(profile.resolve(v.recipe), profile.quantize.recipe_overrides), ctx=ctx)
                      for v in profile.quantize.variants}
         checkpoints = {"fp32": student, **quantized}
-        engines = {name: cached(build_one, checkpoint=ref, engine=profile.engine, name=name, ctx=ctx)
+        builder = get_backend(profile.engine.backend).build_identity()
+        engines = {name: cached(build_one, checkpoint=ref, engine=profile.engine, name=name, ctx=ctx, builder=builder)
                    for name, ref in checkpoints.items()}
 
         # What the gate measured is test data; sizes, precisions and refs are the real artifacts' (as flows/consistency.py).
