@@ -108,6 +108,9 @@ def _parity(backend, session, ref_model, prompts_ids: list[list[int]], n: int) -
     return {"token_agreement": agree / total, "score_top1": float(np.mean(top1))}
 
 
+NATIVE_ROW = "cpu_native int4 (exact int4 weights, int16 activations, exact-argmax head)"
+
+
 def _streams(backend, session, ids: list[int], n: int, k: int) -> float:
     """Aggregate tok/s of k concurrent generate() calls (one Python thread each)."""
     counts = [0] * k
@@ -171,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
         ("engine fp32 (dense)", args.checkpoint, {}, cpu_onnx),
         ("engine int4 default profile", args.quantized, {}, cpu_onnx),
         ("engine int4 fast profile (acc4, int8 lm_head)", args.quantized, FAST_PROFILE, cpu_onnx),
-        ("cpu_native int4 (exact int4 weights, int16 activations, exact-argmax head)", args.quantized, {}, cpu_native),
+        (NATIVE_ROW, args.quantized, {}, cpu_native),
     ]
     ref_model = _hf(args.quantized)
     sessions = {}
@@ -195,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
     one = statistics.median(_streams(cpu_onnx, default, speed_ids, n, 1) for _ in range(args.repeats))
     two = statistics.median(_streams(cpu_onnx, default, speed_ids, n, 2) for _ in range(args.repeats))
     results["streams"] = {"one_stream_tok_s": one, "two_streams_aggregate_tok_s": two, "ratio": two / one}
-    native = sessions["cpu_native int4 (exact int4 weights, int16 activations, exact-argmax head)"]
+    native = sessions[NATIVE_ROW]
 
     def native_streams(k: int) -> tuple[float, float]:
         """(aggregate tok/s, aggregate tok/s over the time left after the prefills, from the engine's stats)."""

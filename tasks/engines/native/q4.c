@@ -50,17 +50,13 @@ static inline float hsum(__m256 v) {
 // ---------------------------------------------------------------------------------------------- activations
 // Each 64-element group of an activation row is quantized to int16 with its own scale: xs = max|x| / 32767,
 // xq = rint(x / xs). 15 bits per group (fp16 keeps 11), so a group's own outlier costs only that group's
-// precision. Rows are padded with zeros to Kp (a multiple of 64). Out: xq [M, Kp], xs [M, Kp/64].
-static void quantize_rows(const float* x, int M, int K, int Kp, int16_t* xq, float* xs) {
-    const int G = Kp / 64; const __m256 sign = _mm256_set1_ps(-0.0f);
+// precision. K % 64 == 0. Out: xq [M, K], xs [M, K/64].
+static void quantize_rows(const float* x, int M, int K, int16_t* xq, float* xs) {
+    const int G = K / 64; const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int m = 0; m < M; m++) {
-        const float* a = x + (size_t)m * K; int16_t* q = xq + (size_t)m * Kp;
+        const float* a = x + (size_t)m * K; int16_t* q = xq + (size_t)m * K;
         for (int g = 0; g < G; g++) {
-            float buf[64]; const float* v = a + g * 64;
-            if (g * 64 + 64 > K) {  // the zero-padded tail group
-                for (int i = 0; i < 64; i++) buf[i] = g * 64 + i < K ? v[i] : 0.0f;
-                v = buf;
-            }
+            const float* v = a + g * 64;
             __m256 mx = _mm256_setzero_ps();
             for (int i = 0; i < 64; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
             __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
@@ -130,7 +126,7 @@ void q4i_gemm(const float* x, int M, int K, int N, const uint16_t* w, const floa
     const int G = K / 64;
     int16_t* xq = (int16_t*)_mm_malloc((size_t)M * K * sizeof(int16_t), 32);
     float* xs = (float*)_mm_malloc((size_t)M * G * sizeof(float), 32);
-    quantize_rows(x, M, K, K, xq, xs);
+    quantize_rows(x, M, K, xq, xs);
     #pragma omp parallel num_threads(nt)
     { SPLIT_ROWS
       for (int m0 = 0; m0 < M; m0 += 4) {
