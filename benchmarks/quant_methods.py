@@ -31,7 +31,8 @@ import torch  # noqa: E402
 
 from tasks.calibration import build_calibration_set, check_no_leakage  # noqa: E402
 from tasks.config import REPO_ROOT, load_profile  # noqa: E402
-from tasks.evaluation.gate import HFScorer, tokenize  # noqa: E402
+from tasks.evaluation.gate import tokenize  # noqa: E402
+from tasks.evaluation.reference import HFScorer  # noqa: E402
 from tasks.evaluation.metrics import Accumulator, log_softmax  # noqa: E402
 from tasks.model_source import ensure_teacher  # noqa: E402
 from tasks.quantize import load_recipe, quantize  # noqa: E402

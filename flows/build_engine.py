@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from prefect import flow, task
 
-from tasks.artifacts import ArtifactRef, sha256_json, sha256_tree, write_manifest
-from tasks.config import EngineConfig, load_profile
+from flows.stages import enter_stage, stored
+from tasks.artifacts import ArtifactRef, sha256_json, write_manifest
+from tasks.config import EngineConfig
 from tasks.runs import ReleaseContext, content_key, stage_run
 
 
@@ -15,28 +16,27 @@ from tasks.runs import ReleaseContext, content_key, stage_run
 def build_one(checkpoint: ArtifactRef, engine: EngineConfig, name: str, ctx: ReleaseContext, builder: str) -> ArtifactRef:
     """Build one engine from one checkpoint and record its metadata."""
     from tasks.engines import get_backend
+    from tasks.store import materialize, publish
 
-    profile = load_profile(ctx.profile)
+    profile = ctx.resolved()
     key = sha256_json({"ckpt": checkpoint.sha256, "engine": engine.model_dump()})[:16]
     out = profile.work / "artifacts" / "engines" / f"{name}-{engine.backend}-{key}"
     with stage_run(ctx, f"build-engine-{name}", {"backend": engine.backend, **engine.profile}) as (client, run_id):
-        meta = get_backend(engine.backend).build(checkpoint.path, out, engine.profile)
+        meta = get_backend(engine.backend).build(materialize(checkpoint), out, engine.profile)
         write_manifest(out)
         client.log_dict(run_id, meta, "engine.json")
-        client.log_artifacts(run_id, str(out), "engine")
-        return ArtifactRef(
-            kind="engine", uri=str(out), sha256=sha256_tree(out), mlflow_run_id=run_id,
-            meta={"variant": name, "backend": engine.backend, "checkpoint_sha256": checkpoint.sha256},
-        )
+        return publish(client, run_id, out, "engine", "engine",
+                       meta={"variant": name, "backend": engine.backend, "checkpoint_sha256": checkpoint.sha256})
 
 
 @flow(name="build-engine", log_prints=True)
-def build_engine(profile: str, ctx: ReleaseContext, checkpoints: list[ArtifactRef]) -> list[ArtifactRef]:
-    """Checkpoints in (the FP student first, then each variant), engines out."""
+def build_engine(ctx: ReleaseContext, checkpoints: list[ArtifactRef]) -> list[ArtifactRef]:
+    """Checkpoints in (the FP student first, then each variant), engines out, built on this stage's host."""
     from tasks.engines import get_backend
 
-    p = load_profile(profile)
+    enter_stage(ctx, "build_engine")
+    p = ctx.resolved()
     # The builder's identity is part of the cache key: an engine cached by an older edgeflow or runtime
     # (which this machine would refuse to load) is rebuilt, not reused.
     builder = get_backend(p.engine.backend).build_identity()
-    return [build_one(c, p.engine, c.meta.get("variant", "fp32"), ctx, builder) for c in checkpoints]
+    return [stored(build_one, c, p.engine, c.meta.get("variant", "fp32"), ctx, builder) for c in checkpoints]

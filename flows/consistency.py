@@ -1,22 +1,26 @@
-"""Consistency stage: every variant's built engine against the full-precision student.
+"""Consistency stage, engine side: every variant's built engine, on the host that built it, against the stored FP reference.
 
 Tiny CPU run (with services up): python -m flows.release --profile configs/test-tiny.yaml
+
+The FP student's side ran in the gate-reference stage (flows/gate_reference.py), where torch runs; this
+stage needs the engines' runtime only, so it runs on the pool that built them (the Orin for TensorRT-LLM).
 """
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from prefect import flow, task
 
-from tasks.artifacts import ArtifactRef, sha256_file
-from tasks.config import GateConfig, load_profile
+from flows.stages import enter_stage, stored
+from tasks.artifacts import ArtifactRef
+from tasks.config import GateConfig
 from tasks.runs import ReleaseContext, content_key, stage_run
 
 
 @task(cache_key_fn=content_key, persist_result=True)
 def gate_variants(
-    student: ArtifactRef,
-    calibration: ArtifactRef,
+    reference: ArtifactRef,
     checkpoints: list[ArtifactRef],
     engines: list[ArtifactRef],
     gate: GateConfig,
@@ -24,43 +28,28 @@ def gate_variants(
     ctx: ReleaseContext,
     attempt: int = 0,
 ) -> ArtifactRef:
-    """Check calibration/eval disjointness, then score each engine and write the gate report."""
-    import pyarrow.parquet as pq
-    from transformers import AutoTokenizer
-
-    from tasks.calibration import check_no_leakage
+    """Score each engine against the reference and write the gate report (with its plots)."""
     from tasks.evaluation import plots
-    from tasks.evaluation.gate import eval_texts, greedy_prompts, run_gate, tokenize
+    from tasks.evaluation.gate import run_gate
+    from tasks.evaluation.reference import load_reference
+    from tasks.store import materialize, publish
 
-    profile = load_profile(ctx.profile)
-    tok = AutoTokenizer.from_pretrained(student.uri)
-    texts = eval_texts({d: profile.resolve(p) for d, p in gate.eval_sources.items()}, gate.num_prompts, tok)
-    check_no_leakage(pq.read_table(calibration.uri, columns=["text"]).column("text").to_pylist(), texts)
-    seqs = tokenize(texts, tok, gate.max_tokens)
-    speed_text = tok.apply_chat_template(
-        [{"role": "user", "content": "Explain in a few sentences why the sky is blue."}], add_generation_prompt=True, tokenize=False
-    )
-    speed_prompt = tok(speed_text, add_special_tokens=False)["input_ids"]
-    prompts = greedy_prompts(seqs, gate.greedy_prompts)
-    variants = [
-        {
-            "name": c.meta.get("variant", "fp32"),
-            "engine_dir": e.uri,
-            "checkpoint_dir": c.uri,
-            "size_mb": c.meta.get("size_mb") or sum(f.stat().st_size for f in c.path.rglob("*.safetensors")) / 2**20,
-            "quantized": c.kind == "quantized",
-            "checkpoint": c,
-            "engine": e,
-        }
-        for c, e in zip(checkpoints, engines, strict=True)
-    ]
+    profile = ctx.resolved()
+    ref = load_reference(materialize(reference))
+    variants = []
+    for c, e in zip(checkpoints, engines, strict=True):
+        engine_dir = materialize(e)
+        # the FP student carries no size: the build on this host fetched it already, so this is a cache hit
+        size = c.meta.get("size_mb") or sum(f.stat().st_size for f in materialize(c).rglob("*.safetensors")) / 2**20
+        variants.append({"name": c.meta.get("variant", "fp32"), "engine_dir": str(engine_dir), "size_mb": size,
+                         "quantized": c.kind == "quantized", "checkpoint": c, "engine": e})
     stage = "consistency" + (f"-attempt{attempt}" if attempt else "")
-    with stage_run(ctx, stage, gate.model_dump() | {"backend": backend}) as (client, run_id):
-        rows, dists = run_gate(student.path, variants, seqs, gate, backend, speed_prompt, prompts, [tok.eos_token_id])
+    with stage_run(ctx, stage, gate.model_dump() | {"backend": backend, "reference_sha256": reference.sha256}) as (client, run_id):
+        rows, dists = run_gate(ref, variants, gate, backend)
         for v, row in zip(variants, rows):
             row["checkpoint"] = v["checkpoint"].model_dump()
             row["engine"] = v["engine"].model_dump()
-            row["engine_precision"] = engine_precision(v["engine"].path)
+            row["engine_precision"] = engine_precision(v["engine_dir"])
             row["layer_error"] = dists["layer_error"].get(row["name"])
             for k in ("top1_agreement", "top1_agreement_last", "kl", "kl_p99", "ppl", "greedy_exact_match",
                       "decode_tok_s", "ttft_ms", "engine_parity"):
@@ -76,36 +65,35 @@ def gate_variants(
             plots.kl_distribution({n: k for n, k in dists["kl"].items() if n in quantized}, gate.max_mean_kl,
                                   plot_dir / "kl_distribution.png"),
         ]
-        for f in figures:
-            client.log_artifact(run_id, str(f), "plots")
         report = {
             "thresholds": gate.model_dump(exclude={"eval_sources"}),
-            "eval_prompts": len(seqs),
-            "eval_positions": sum(len(s) - 1 for s in seqs),
+            "eval_prompts": ref.meta["eval_prompts"],
+            "eval_positions": ref.meta["eval_positions"],
+            "reference": {"sha256": reference.sha256, "uri": reference.uri, "top_k": ref.meta["top_k"],
+                          "tail_mass_mean": ref.meta["tail_mass_mean"]},
             "backend": backend,
             "attempt": attempt,
-            "calibration": {"sha256": calibration.sha256, "total": calibration.meta.get("total")},
+            "calibration": ref.meta["calibration"],
             "rows": rows,
-            "plots": {f.stem: str(f) for f in figures},
+            "plots": {f.stem: publish(client, run_id, f, "plots", "plot").model_dump() for f in figures},
         }
         out = profile.work / "releases" / ctx.release_id / f"gate-attempt{attempt}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1))
-        client.log_artifact(run_id, str(out), "gate")
-        return ArtifactRef(kind="gate-report", uri=str(out), sha256=sha256_file(out), mlflow_run_id=run_id)
+        return publish(client, run_id, out, "gate", "gate-report")
 
 
 def engine_precision(engine_dir) -> str:
     """What the engine computes with, from its engine.json (e.g. 'int4', 'fp32 (dequantized)')."""
-    meta = json.loads((engine_dir / "engine.json").read_text())
+    meta = json.loads((Path(engine_dir) / "engine.json").read_text())
     return meta.get("precision", "?") + (" (dequantized)" if meta.get("dequantized") else "")
 
 
 @flow(name="consistency", log_prints=True)
 def consistency(
-    profile: str, ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef,
-    checkpoints: list[ArtifactRef], engines: list[ArtifactRef], attempt: int = 0,
+    ctx: ReleaseContext, reference: ArtifactRef, checkpoints: list[ArtifactRef], engines: list[ArtifactRef], attempt: int = 0,
 ) -> ArtifactRef:
-    """Engines in, gate report out."""
-    p = load_profile(profile)
-    return gate_variants(student, calibration, checkpoints, engines, p.gate, p.engine.backend, ctx, attempt)
+    """Stored reference and engines in, gate report out (on the host whose pool the engines were built for)."""
+    enter_stage(ctx, "consistency")
+    p = ctx.resolved()
+    return stored(gate_variants, reference, checkpoints, engines, p.gate, p.engine.backend, ctx, attempt)

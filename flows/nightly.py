@@ -20,22 +20,24 @@ from prefect import flow, task
 
 from flows.register import register
 from flows.release import open_release, quantize_and_gate, run_deploy_on_pool
-from tasks.artifacts import ArtifactRef, sha256_tree
+from flows.stages import check_placement, run_stage
+from tasks.artifacts import ArtifactRef
 from tasks.config import REPO_ROOT, load_profile
 from tasks.nightly import Traffic, beats, collect_traffic, derive_profile, parse_time
-from tasks.runs import tracking_uri
+from tasks.runs import experiment_id, tracking_uri
 
 
 @task
-def gather_traffic(profile: str, logs_dir: str | None, until: str | None, tokenizer_dir: str) -> Traffic:
+def gather_traffic(profile: str, logs_dir: str | None, until: str | None, student: ArtifactRef) -> Traffic:
     """Clean the last window of access logs into a snapshot, or say why the night is skipped."""
     from transformers import AutoTokenizer
 
     from tasks.evaluation.gate import eval_texts
+    from tasks.store import materialize
 
     p = load_profile(profile)
     end = parse_time(until)
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok = AutoTokenizer.from_pretrained(materialize(student))
     evals = eval_texts({d: p.resolve(s) for d, s in p.gate.eval_sources.items()}, p.gate.num_prompts, tok)
     out = p.work / "nightly" / end.strftime("%Y%m%dT%H%M%SZ") / "traffic.jsonl"
     return collect_traffic(p.resolve(logs_dir or p.nightly.logs_dir), end, p.nightly.window_hours, p.nightly.min_records,
@@ -62,11 +64,13 @@ def base_student(profile: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         lineage = json.loads(Path(c.download_artifacts(mv.run_id, f"{split_runs_uri(mv.source)[1]}/lineage.json", tmp)).read_text())
     student = ArtifactRef.model_validate(lineage["student"])
-    # The student must be here, bit for bit, or re-quantizing it would calibrate a different model.
-    if not student.path.exists() or sha256_tree(student.path) != student.sha256:
+    # The student must be in the store, bit for bit, or re-quantizing it would calibrate a different model.
+    from tasks.store import in_store
+
+    if not in_store(student):
         raise FileNotFoundError(
-            f"version {version} ({alias}) was quantized from student {student.uri} (sha256 {student.sha256[:12]}), which is "
-            "missing or changed on this host; mount the shared artifact store or re-run the release"
+            f"version {version} ({alias}) was quantized from student {student.uri} (sha256 {student.sha256[:12]}, run "
+            f"{student.mlflow_run_id}), which the artifact store no longer has; re-run the release to distill it again"
         )
     return {"version": version, "alias": alias, "student": student, "teacher": ArtifactRef.model_validate(lineage["teacher"]),
             "gate": {k: float(mv.tags[f"edgeflow.gate.{k}"]) for k in ("top1_agreement", "kl")}}
@@ -85,9 +89,7 @@ def write_night_report(profile: str, report: dict) -> dict:
     (out / f"{stem}.json").write_text(json.dumps(report, indent=1, default=str))
     (out / f"{stem}.md").write_text(_markdown(report))
     c = MlflowClient(tracking_uri())
-    exp = c.get_experiment_by_name(p.registry.experiment)
-    exp_id = exp.experiment_id if exp else c.create_experiment(p.registry.experiment)
-    run = c.create_run(exp_id, run_name=f"nightly {report['status']}", tags={
+    run = c.create_run(experiment_id(c, p.registry.experiment, p.registry.artifact_location), run_name=f"nightly {report['status']}", tags={
         "edgeflow.nightly": report["status"], "edgeflow.profile": profile,
         **({"edgeflow.release_id": report["release_id"]} if report.get("release_id") else {}),
     })
@@ -125,17 +127,18 @@ def nightly_recalibration(
 ) -> dict:
     """Access logs of the last window in; a new staging version (or a 'skipped' report) out."""
     p = load_profile(profile)
+    check_placement(p.placement)  # before any compute
     base = base_student(profile)
     if base.get("skipped"):
         return write_night_report(profile, {"status": "skipped", "reason": base["skipped"]})
-    traffic = gather_traffic(profile, logs_dir, until, base["student"].uri)
+    traffic = gather_traffic(profile, logs_dir, until, base["student"])
     if traffic.skipped:
         return write_night_report(profile, {"status": "skipped", "reason": traffic.skipped, "traffic": traffic.model_dump()})
     nightly_profile = str(derive_profile(p, Path(traffic.snapshot), Path(traffic.snapshot).with_name("profile.yaml")))
     ctx = open_release(nightly_profile)
-    gate_report, calibration, attempts = quantize_and_gate(nightly_profile, ctx, base["student"])
-    registry = register(nightly_profile, ctx, gate_report,
-                        {"teacher": base["teacher"], "student": base["student"], "calibration": calibration})
+    gate_report, calibration, attempts = quantize_and_gate(ctx, base["student"])
+    registry = run_stage(ctx, "register", register, gate_report=gate_report,
+                         lineage={"teacher": base["teacher"], "student": base["student"], "calibration": calibration})
     report = {"status": "registered" if registry["staging"] else "gate_failed", "release_id": ctx.release_id,
               "traffic": traffic.model_dump(), "attempts": attempts,
               "base": f"version {base['version']} (`{base['alias']}`), student {base['student'].sha256[:12]}",

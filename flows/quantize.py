@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from prefect import flow, task, unmapped
 
-from tasks.artifacts import ArtifactRef, sha256_json, sha256_tree
-from tasks.config import VariantConfig, load_profile
+from flows.stages import enter_stage
+from tasks.artifacts import ArtifactRef, sha256_json
+from tasks.config import VariantConfig
 from tasks.runs import ReleaseContext, content_key, stage_run
 
 
@@ -20,44 +21,39 @@ def quantize_variant(
     import pyarrow.parquet as pq
 
     from tasks.quantize import quantize
+    from tasks.store import materialize, publish
 
-    profile = load_profile(ctx.profile)
+    profile = ctx.resolved()
     key = sha256_json({"student": student.sha256, "calib": calibration.sha256, "recipe": recipe, "v": variant.model_dump()})[:16]
     out = profile.work / "artifacts" / "quantized" / f"{variant.name}-{key}"
-    ids = pq.read_table(calibration.uri, columns=["input_ids"]).column("input_ids").to_pylist()
+    ids = pq.read_table(materialize(calibration), columns=["input_ids"]).column("input_ids").to_pylist()
     if variant.calibration_samples:
         ids = ids[: variant.calibration_samples]
     stage = f"quantize-{variant.name}" + (f"-attempt{attempt}" if attempt else "")
     with stage_run(ctx, stage, variant.model_dump() | {"calibration_sha256": calibration.sha256}) as (client, run_id):
-        info = quantize(student.path, recipe, ids, out, slot)
+        info = quantize(materialize(student), recipe, ids, out, slot)
         client.log_dict(run_id, info["weight_error"], "weight_error.json")
         client.log_dict(run_id, recipe, "recipe.yaml")
         client.log_metric(run_id, "size_mb", info["size_mb"])
-        client.log_artifacts(run_id, str(out), "quantized")
-        return ArtifactRef(
-            kind="quantized",
-            uri=str(out),
-            sha256=sha256_tree(out),
-            mlflow_run_id=run_id,
-            meta={"variant": variant.name, "recipe": variant.recipe, "recipe_sha256": sha256_json(recipe), **info},
-        )
+        return publish(client, run_id, out, "quantized", "quantized",
+                       meta={"variant": variant.name, "recipe": variant.recipe, "recipe_sha256": sha256_json(recipe), **info})
 
 
 @flow(name="quantize", log_prints=True)
-def quantize(
-    profile: str, ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef, attempt: int = 0
-) -> list[ArtifactRef]:
+def quantize(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef, attempt: int = 0) -> list[ArtifactRef]:
     """Student and calibration set in, one compressed checkpoint per variant out."""
     from tasks.quantize import load_recipe
+    from tasks.store import in_store, materialize
 
-    p = load_profile(profile)
+    enter_stage(ctx, "quantize")
+    p = ctx.resolved()
     variants = [
         # a recalibration attempt also scales a variant's own sample cap (e.g. AWQ's 16 on the CPU demo)
         v.model_copy(update={"calibration_samples": v.calibration_samples * 2**attempt}) if v.calibration_samples else v
         # attempt k also tries the k first less aggressive fallbacks (mixed W8/W4, then W8A16, …)
         for v in p.quantize.variants + p.quantize.fallback_variants[:attempt]
     ]
-    recipes = [load_recipe(p.resolve(v.recipe), p.quantize.recipe_overrides) for v in variants]
+    recipes = [load_recipe(materialize(ctx.input(v.recipe)), p.quantize.recipe_overrides) for v in variants]
     # Variants are mapped tasks: a GPU worker runs max_parallel of them at once, one GPU each. The
     # CPU profiles keep max_parallel at 1 because parallel variants would only share the same cores.
     refs: list[ArtifactRef] = []
@@ -67,5 +63,9 @@ def quantize(
             unmapped(student), unmapped(calibration), variants[batch], recipes[batch], unmapped(ctx), unmapped(attempt),
             list(range(len(variants[batch]))),
         )
-        refs += futures.result()
+        for i, ref in enumerate(futures.result()):
+            if not in_store(ref):  # a cached result whose checkpoint the store lost: quantize it again (flows/stages.py:stored)
+                ref = quantize_variant.with_options(refresh_cache=True)(
+                    student, calibration, variants[start + i], recipes[start + i], ctx, attempt, i)
+            refs.append(ref)
     return refs

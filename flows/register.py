@@ -5,28 +5,31 @@ Tiny CPU run (with services up): python -m flows.release --profile configs/test-
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 from prefect import flow, task
 
-from tasks.artifacts import ArtifactRef, write_manifest
-from tasks.config import load_profile
+from flows.stages import enter_stage
+from tasks.artifacts import MANIFEST, ArtifactRef, write_manifest
 from tasks.runs import ReleaseContext, content_key, stage_run
 
 
-def _link_tree(src: Path, dst: Path) -> None:
-    # Hard links: the package is a view of files that already exist, not a second copy on disk.
-    shutil.copytree(src, dst, copy_function=os.link, ignore=shutil.ignore_patterns("edgeflow-manifest.json"))
+def _link_tree(ref: dict, dst: Path) -> None:
+    """One part of the package, materialized from the store on this host (verified), then hard-linked from this
+    host's own cache: the package is a view of files already here, not a second copy on disk."""
+    from tasks.store import link_or_copy, materialize
+
+    shutil.copytree(materialize(ArtifactRef.model_validate(ref)), dst, copy_function=link_or_copy,
+                    ignore=shutil.ignore_patterns(MANIFEST))
 
 
 def package_variant(row: dict, lineage: dict, dest: Path) -> str:
     """Lay out checkpoint/ + engine/ + gate.json + lineage.json with a manifest; returns its tree hash."""
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
-    _link_tree(Path(row["checkpoint"]["uri"]), dest / "checkpoint")
-    _link_tree(Path(row["engine"]["uri"]), dest / "engine")
+    _link_tree(row["checkpoint"], dest / "checkpoint")
+    _link_tree(row["engine"], dest / "engine")
     (dest / "gate.json").write_text(json.dumps({k: v for k, v in row.items() if k not in ("checkpoint", "engine")}, indent=1))
     (dest / "lineage.json").write_text(json.dumps(lineage, indent=1))
     return write_manifest(dest)
@@ -47,10 +50,11 @@ def register_passing(
 ) -> dict:
     """Register passing variants with lineage tags and move `staging` to the best one."""
     from tasks.registry import GATE_REPORT_TAG, alias_version, gate_report_link, register_version
+    from tasks.store import materialize
 
-    profile = load_profile(ctx.profile)
+    profile = ctx.resolved()
     name = model_name or profile.registry.model_name
-    report = json.loads(gate_report.path.read_text())
+    report = json.loads(materialize(gate_report).read_text())
     rows = report["rows"]
     lin = {k: v.model_dump() for k, v in lineage.items()}
     registered: dict[str, str] = {}
@@ -98,6 +102,7 @@ def register_passing(
 
 
 @flow(name="register", log_prints=True)
-def register(profile: str, ctx: ReleaseContext, gate_report: ArtifactRef, lineage: dict[str, ArtifactRef]) -> dict:
+def register(ctx: ReleaseContext, gate_report: ArtifactRef, lineage: dict[str, ArtifactRef]) -> dict:
     """Gate report in, registered versions and the `staging` alias out."""
-    return register_passing(gate_report, lineage, ctx, load_profile(profile).registry.model_name)
+    enter_stage(ctx, "register")
+    return register_passing(gate_report, lineage, ctx, ctx.resolved().registry.model_name)

@@ -1,4 +1,4 @@
-"""Release: distill → calibrate → quantize → build engines → consistency gate → register → deploy.
+"""Release: distill → calibrate → quantize → build engines → gate reference → consistency gate → register → deploy.
 
 Tiny CPU run (services up, see README): python -m flows.release --profile configs/test-tiny.yaml --deploy none
 """
@@ -8,7 +8,6 @@ import argparse
 import json
 import shutil
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Literal
 
 from prefect import flow, task
@@ -19,39 +18,58 @@ from flows.calibrate import calibrate
 from flows.consistency import consistency
 from flows.deploy_edge import deploy_edge
 from flows.distill import distill
+from flows.gate_reference import gate_reference
 from flows.quantize import quantize
 from flows.register import register
+from flows.stages import check_placement, run_stage
 from tasks.artifacts import ArtifactRef
 from tasks.config import REPO_ROOT, load_profile
 from tasks.report import markdown, table
-from tasks.runs import ReleaseContext, tracking_uri
+from tasks.runs import ReleaseContext, experiment_id, tracking_uri
 
 
 @task
 def open_release(profile: str) -> ReleaseContext:
-    """Create (or, on a retry of the same flow run, reuse) the MLflow parent run of this release."""
+    """Create (or, on a retry of the same flow run, reuse) the MLflow parent run of this release, resolve the
+    profile once and publish every file it names to that run, so stages on other hosts read them from the store."""
     from mlflow import MlflowClient
 
+    from tasks.codeversion import code_identity
+    from tasks.store import check_reachable
+
     p = load_profile(profile)
+    check_reachable(tracking_uri())
     run_id = flow_run.get_id()
     c = MlflowClient(tracking_uri())
-    exp = c.get_experiment_by_name(p.registry.experiment)
-    exp_id = exp.experiment_id if exp else c.create_experiment(p.registry.experiment)
-    if run_id:
-        found = c.search_runs([exp_id], f"tags.`edgeflow.prefect_flow_run_id` = '{run_id}'", max_results=1)
-        if found:
-            r = found[0]
-            c.update_run(r.info.run_id, status="RUNNING")
-            return ReleaseContext(release_id=r.data.tags["edgeflow.release_id"], profile=profile,
-                                  mlflow_parent_run_id=r.info.run_id, prefect_flow_run_id=run_id)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    release_id = f"{p.name}-{stamp}" + (f"-{run_id[:8]}" if run_id else "")
-    parent = c.create_run(exp_id, run_name=f"release {release_id}", tags={
-        "edgeflow.release_id": release_id, "edgeflow.profile": profile, "edgeflow.prefect_flow_run_id": run_id or "",
-    })
-    c.log_dict(parent.info.run_id, p.model_dump(), "profile.json")
+    exp_id = experiment_id(c, p.registry.experiment, p.registry.artifact_location)
+    found = run_id and c.search_runs([exp_id], f"tags.`edgeflow.prefect_flow_run_id` = '{run_id}'", max_results=1)
+    if found:
+        parent = found[0]
+        c.update_run(parent.info.run_id, status="RUNNING")
+        release_id = parent.data.tags["edgeflow.release_id"]
+    else:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+        release_id = f"{p.name}-{stamp}" + (f"-{run_id[:8]}" if run_id else "")
+        parent = c.create_run(exp_id, run_name=f"release {release_id}", tags={
+            "edgeflow.release_id": release_id, "edgeflow.profile": profile, "edgeflow.prefect_flow_run_id": run_id or "",
+        })
+        c.log_dict(parent.info.run_id, p.model_dump(by_alias=True), "profile.json")
     return ReleaseContext(release_id=release_id, profile=profile, mlflow_parent_run_id=parent.info.run_id,
-                          prefect_flow_run_id=run_id)
+                          prefect_flow_run_id=run_id, settings=p.settings(),
+                          inputs=publish_inputs(c, parent.info.run_id, p), code=code_identity())
+
+
+def publish_inputs(client, run_id: str, p) -> dict[str, ArtifactRef]:
+    """Every file the profile names, logged to the release's run under inputs/<sha256>/…: content-addressed, so a
+    retry after an edit publishes the new content beside the old instead of over it."""
+    from tasks.artifacts import sha256_tree
+    from tasks.store import publish
+
+    refs = {}
+    for path in dict.fromkeys(p.input_files().values()):
+        local = p.resolve(path)
+        refs[path] = publish(client, run_id, local, f"inputs/{sha256_tree(local)[:16]}", "input", meta={"profile_path": path})
+    return refs
 
 
 @task
@@ -68,7 +86,9 @@ def run_deploy_on_pool(profile: str, alias: str) -> dict:
 @task
 def summarize_attempt(gate_report: ArtifactRef) -> dict:
     """Did any quantized variant pass this attempt's gate, and how close did the best one come?"""
-    gate = json.loads(gate_report.path.read_text())
+    from tasks.store import materialize
+
+    gate = json.loads(materialize(gate_report).read_text())
     quantized = [r for r in gate["rows"] if r["quantized"]]
     best = max(quantized, key=lambda r: r["top1_agreement"], default=None)
     return {
@@ -86,7 +106,9 @@ def write_report(
     """Assemble the report, save it as reports/<release_id>.json and .md, and log both to MLflow."""
     from mlflow import MlflowClient
 
-    gate = json.loads(gate_report.path.read_text())
+    from tasks.store import materialize
+
+    gate = json.loads(materialize(gate_report).read_text())
     s = student.meta
     report = {
         "release_id": ctx.release_id,
@@ -112,7 +134,7 @@ def write_report(
                                           "student_ppl_before_training", "student_top1_before_training",
                                           "student_kl_before_training", "student_quality_pct", "student_layers",
                                           "student_params", "size_ratio")}
-        | {"steps": load_profile(ctx.profile).distill.steps},
+        | {"steps": ctx.resolved().distill.steps},
         "mlflow_parent_run_id": ctx.mlflow_parent_run_id,
         "prefect_flow_run_id": ctx.prefect_flow_run_id,
     }
@@ -122,10 +144,10 @@ def write_report(
     plot_dir = out / ctx.release_id
     plot_dir.mkdir(exist_ok=True)
     report["plots"] = {}
-    for name, src in gate.get("plots", {}).items():
-        dst = plot_dir / Path(src).name
-        shutil.copyfile(src, dst)
-        report["plots"][name] = f"{ctx.release_id}/{dst.name}"
+    for name, ref in gate.get("plots", {}).items():
+        ref = ArtifactRef.model_validate(ref)
+        shutil.copyfile(materialize(ref), plot_dir / ref.name)
+        report["plots"][name] = f"{ctx.release_id}/{ref.name}"
     (out / f"{ctx.release_id}.json").write_text(json.dumps(report, indent=1))
     (out / f"{ctx.release_id}.md").write_text(markdown(report))
     c = MlflowClient(tracking_uri())
@@ -140,21 +162,24 @@ def write_report(
     return report
 
 
-def quantize_and_gate(profile: str, ctx: ReleaseContext, student: ArtifactRef) -> tuple[ArtifactRef, ArtifactRef, list[dict]]:
+def quantize_and_gate(ctx: ReleaseContext, student: ArtifactRef) -> tuple[ArtifactRef, ArtifactRef, list[dict]]:
     """calibrate → quantize → build engines → gate, recalibrating while no variant passes.
 
     Bounded recalibration: when no variant meets the bar, try again with a larger calibration set
     (each attempt's stages are their own MLflow runs), at most gate.recalibration_attempts times.
     Returns the last attempt's gate report and calibration set, and every attempt's summary.
+    Each stage runs where the profile's placement says (flows/stages.py).
     """
-    p = load_profile(profile)
     attempts = []
-    for attempt in range(p.gate.recalibration_attempts + 1):
-        calibration = calibrate(profile, ctx, student, attempt)
-        quantized = quantize(profile, ctx, student, calibration, attempt)
+    for attempt in range(ctx.resolved().gate.recalibration_attempts + 1):
+        calibration = run_stage(ctx, "calibrate", calibrate, student=student, attempt=attempt)
+        quantized = run_stage(ctx, "quantize", quantize, student=student, calibration=calibration, attempt=attempt)
         checkpoints = [student, *quantized]
-        engines = build_engine(profile, ctx, checkpoints)
-        gate_report = consistency(profile, ctx, student, calibration, checkpoints, engines, attempt)
+        engines = run_stage(ctx, "build_engine", build_engine, checkpoints=checkpoints)
+        reference = run_stage(ctx, "gate_reference", gate_reference, student=student, calibration=calibration,
+                              checkpoints=checkpoints, attempt=attempt)
+        gate_report = run_stage(ctx, "consistency", consistency, reference=reference, checkpoints=checkpoints,
+                                engines=engines, attempt=attempt)
         attempts.append(summarize_attempt(gate_report))
         if attempts[-1]["passed"]:
             break
@@ -165,12 +190,13 @@ def quantize_and_gate(profile: str, ctx: ReleaseContext, student: ArtifactRef) -
 @flow(name="release", log_prints=True)
 def release(profile: str = "configs/demo-cpu.yaml", deploy: Literal["pool", "inline", "none"] = "pool") -> dict:
     """The whole chain on one profile; returns the report."""
-    load_profile(profile)  # fail on a bad profile before anything runs
+    check_placement(load_profile(profile).placement)  # a bad profile or placement fails before anything runs
     ctx = open_release(profile)
-    student = distill(profile, ctx)
-    gate_report, calibration, attempts = quantize_and_gate(profile, ctx, student)
+    student = run_stage(ctx, "distill", distill)
+    gate_report, calibration, attempts = quantize_and_gate(ctx, student)
     teacher = ArtifactRef.model_validate(student.meta["teacher"])
-    registry = register(profile, ctx, gate_report, {"teacher": teacher, "student": student, "calibration": calibration})
+    registry = run_stage(ctx, "register", register, gate_report=gate_report,
+                         lineage={"teacher": teacher, "student": student, "calibration": calibration})
     deployed = None
     if registry["staging"] and deploy == "pool":
         deployed = run_deploy_on_pool(profile, "staging")

@@ -7,6 +7,11 @@
 Ports and places come from the environment: EDGEFLOW_HOME (.edgeflow), EDGEFLOW_PREFECT_PORT (4200),
 EDGEFLOW_MLFLOW_PORT (5055), EDGEFLOW_POOLS (a100,orin,cpu); EDGEFLOW_SCHEDULES=off pauses every
 deployment schedule after deploying (the tests' services).
+
+EDGEFLOW_RESULT_STORAGE says where Prefect keeps task and flow results (what a Retry and a cross-host
+`state.result()` read): a directory, which several hosts must mount at the same path, or a storage block
+slug such as `s3-bucket/edgeflow-results` (create the block first; every host needs its credentials).
+Default: <EDGEFLOW_HOME>/prefect/storage, which only serves hosts that share that directory.
 """
 from __future__ import annotations
 
@@ -37,14 +42,13 @@ def service_env(s: dict[str, str] | None = None) -> dict[str, str]:
     """Variables every process of the pipeline needs (the workers pass them on to flow runs)."""
     s = s or settings()
     home = Path(s["home"])
-    return {
+    return result_storage_env(os.environ.get("EDGEFLOW_RESULT_STORAGE"), home) | {
         "PREFECT_HOME": str(home / "prefect"),
         "PREFECT_API_URL": f"http://127.0.0.1:{s['prefect_port']}/api",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_UI_URL": f"http://127.0.0.1:{s['prefect_port']}",
         # Results persist so that a retried release skips stages whose inputs did not change.
         "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "true",
-        "PREFECT_LOCAL_STORAGE_PATH": str(home / "prefect" / "storage"),
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{s['mlflow_port']}",
         "HF_HUB_OFFLINE": "1",
@@ -53,6 +57,20 @@ def service_env(s: dict[str, str] | None = None) -> dict[str, str]:
         "EDGEFLOW_REPO": str(REPO),
         "EDGEFLOW_HOME": str(home),
     }
+
+
+def result_storage_env(spec: str | None, home: Path) -> dict[str, str]:
+    """Prefect settings for EDGEFLOW_RESULT_STORAGE: a block slug (`<block type>/<name>`) or a directory."""
+    if spec and "/" in spec and not spec.startswith(("/", ".", "~")):
+        block_type, _, name = spec.partition("/")
+        if not block_type or not name or "/" in name:
+            raise SystemExit(f"EDGEFLOW_RESULT_STORAGE={spec!r} is neither a directory (absolute) nor a block slug such as "
+                             "s3-bucket/edgeflow-results; give one of the two")
+        return {"PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK": spec,
+                # local results of the runs that do not persist stay on this host
+                "PREFECT_LOCAL_STORAGE_PATH": str(home / "prefect" / "storage")}
+    path = Path(spec).expanduser().resolve() if spec else home / "prefect" / "storage"
+    return {"PREFECT_LOCAL_STORAGE_PATH": str(path)}
 
 
 def _answers(url: str) -> bool:

@@ -16,14 +16,18 @@ class ArtifactRef(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: str = Field(description="Artifact kind: teacher, student, calibration, quantized, engine, report.")
-    uri: str = Field(description="Local path (or remote URI) of the file or directory.")
+    uri: str = Field(
+        description="Where any host fetches it: an artifact-store URI (mlflow-artifacts:/…, s3://…) for stage outputs and "
+        "release inputs (tasks/store.py materializes and verifies it); a source URI (pypi-gguf:…, local:…) for the teacher.",
+    )
     sha256: str = Field(description="Content hash of the file, or of the sorted per-file hashes of a directory.")
     mlflow_run_id: str | None = Field(default=None, description="MLflow run that produced and logged it.")
     meta: dict = Field(default_factory=dict, description="Small, JSON-serialisable facts about it (variant, recipe, stats).")
 
     @property
-    def path(self) -> Path:
-        return Path(self.uri)
+    def name(self) -> str:
+        """The file or directory name the URI ends in (what a download of it is called)."""
+        return self.uri.rstrip("/").rsplit("/", 1)[-1]
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

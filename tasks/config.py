@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -265,6 +265,13 @@ class GateConfig(_Strict):
     min_engine_parity: float = Field(
         default=0.98, ge=0, le=1, description="Engine fault if the engine's top-1 agreement with its own fake-quantized HF model is below this."
     )
+    reference_top_k: int = Field(
+        default=256, ge=1,
+        description="Tokens per position of the FP reference the gate stores for the device (tasks/evaluation/reference.py). "
+        "KL is computed over these plus one bucket for the rest: exact when they hold all the reference's mass, a lower "
+        "bound otherwise; the report prints the mass outside them. 256 keeps the 1,000-prompt production reference at "
+        "~200 MB (1,000 x 128 positions x 256 x 6 bytes).",
+    )
     recalibration_attempts: int = Field(
         default=2, ge=0, le=5,
         description="When no variant passes: recalibrate and re-quantize at most this many times, each attempt with twice the calibration samples and a new seed.",
@@ -274,6 +281,60 @@ class GateConfig(_Strict):
 class RegistryConfig(_Strict):
     model_name: str = Field(default="edgeflow-student", description="MLflow registered model name.")
     experiment: str = Field(default="edgeflow-release", description="MLflow experiment of release runs.")
+    artifact_location: str | None = Field(
+        default=None,
+        description="Artifact location of the release experiment when it is created, e.g. s3://bucket/edgeflow (every host "
+        "then needs the bucket's credentials). None: the tracking server's proxied store (mlflow-artifacts:/, "
+        "`mlflow server --artifacts-destination`), which every host reaches through the tracking URL alone.",
+    )
+
+
+# Stages a release places, in the order it runs them; each has a deployment of the same name in prefect.yaml.
+STAGES = ("distill", "calibrate", "quantize", "build_engine", "gate_reference", "consistency", "register")
+
+
+class PlacementConfig(_Strict):
+    """Where each stage of a release runs: `inline` (in the release's own flow run, on its host) or a work pool,
+    through that stage's deployment, as a subflow of the release. The deployment must be on that pool."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+    distill: str = Field(default="inline", description="inline, or the work pool of the distill deployment (a100 in production).")
+    calibrate: str = Field(default="inline", description="inline, or the pool of the calibrate deployment (cpu).")
+    quantize: str = Field(default="inline", description="inline, or the pool of the quantize deployment (a100 in production).")
+    build_engine: str = Field(
+        default="inline",
+        description="inline, or the pool of the build-engine deployment: the engine's target (orin for TensorRT-LLM, whose "
+        "engines run only on the GPU and TensorRT version that built them).",
+    )
+    gate_reference: str = Field(
+        default="inline",
+        description="inline, or the pool of the gate-reference deployment: the FP student's side of the gate, which needs "
+        "torch (a100 in production, or cpu).",
+    )
+    consistency: str = Field(
+        default="inline",
+        description="inline, or the pool of the consistency deployment: the engine side of the gate. It scores the built "
+        "engines, so it belongs where they were built (the build_engine pool).",
+    )
+    # `register` would shadow BaseModel's ABC classmethod of that name: the YAML key is `register`, the attribute not
+    register_stage: str = Field(default="inline", alias="register", description="inline, or the pool of the register deployment (cpu).")
+
+    @model_validator(mode="after")
+    def _names(self):
+        for stage in STAGES:
+            where = self.where(stage)
+            if not where or not where.replace("-", "").replace("_", "").isalnum():
+                raise ValueError(f"placement.{stage}={where!r} is not `inline` or a work-pool name (letters, digits, - and _)")
+        return self
+
+    def where(self, stage: str) -> str:
+        """`inline` or the pool of one of STAGES."""
+        return self.register_stage if stage == "register" else getattr(self, stage)
+
+    def pooled(self) -> dict[str, str]:
+        """{stage: pool} of the stages that do not run inline."""
+        return {s: self.where(s) for s in STAGES if self.where(s) != "inline"}
 
 
 class NightlyConfig(_Strict):
@@ -329,10 +390,18 @@ class Profile(_Strict):
     registry: RegistryConfig = Field(default_factory=RegistryConfig, description="MLflow registry.")
     deploy: DeployConfig = Field(default_factory=DeployConfig, description="Edge deployment.")
     nightly: NightlyConfig = Field(default_factory=NightlyConfig, description="Nightly recalibration from access logs.")
+    placement: PlacementConfig = Field(
+        default_factory=PlacementConfig, description="Which pool each release stage runs on (inline: the release's own host).",
+    )
 
-    @model_validator(mode="after")
-    def _files_exist(self):
-        """Name every missing input file up front, not hours into a run."""
+    def settings(self) -> dict:
+        """What a release hands its stages (ReleaseContext.settings): the fields as written, JSON-safe, so that
+        validating it again on another host gives this profile (defaults stay defaults: validators that ask which
+        fields were set see the same answer)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+    def input_files(self) -> dict[str, str]:
+        """{field: path} of every file the profile names (what a release resolves once and ships through the store)."""
         refs = {f"distill.corpora[{i}]": c for i, c in enumerate(self.distill.corpora)}
         refs |= {f"calibration.sources.{k}": v for k, v in self.calibration.sources.items()}
         refs |= {f"gate.eval_sources.{k}": v for k, v in self.gate.eval_sources.items()}
@@ -340,7 +409,17 @@ class Profile(_Strict):
         refs |= {f"quantize.fallback_variants[{i}].recipe": v.recipe for i, v in enumerate(self.quantize.fallback_variants)}
         if self.distill.strategy == "deepspeed-zero3" and self.distill.processes != 1:
             refs["distill.deepspeed_config"] = self.distill.deepspeed_config
-        missing = [f"{field}={path}" for field, path in refs.items() if not self.resolve(path).exists()]
+        if self.distill.student_from is not None:
+            refs["distill.student_from"] = self.distill.student_from  # a directory
+        return refs
+
+    @model_validator(mode="after")
+    def _files_exist(self, info: ValidationInfo):
+        """Name every missing input file up front, not hours into a run (skipped for a release's resolved profile on
+        another host, whose stages read these files from the artifact store, not from their own disk)."""
+        if (info.context or {}).get("resolved"):
+            return self
+        missing = [f"{field}={path}" for field, path in self.input_files().items() if not self.resolve(path).exists()]
         if missing:
             raise ValueError(f"files named by the profile do not exist (paths are relative to {REPO_ROOT}): {missing}")
         names = [v.name for v in self.quantize.variants + self.quantize.fallback_variants]

@@ -67,27 +67,39 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
     tmp.rename(out_dir)
 
 
-def ensure_teacher(profile: Profile) -> ArtifactRef:
-    """Return the teacher as a plain safetensors directory (converted once, then reused by hash)."""
+def teacher_uri(cfg: TeacherConfig) -> str:
+    """Where the teacher comes from, as lineage records it: its source, never a host path it was converted to."""
+    if cfg.source == "pypi-gguf":
+        return f"pypi-gguf:{cfg.package}#{cfg.gguf_member}"
+    return f"{cfg.source}:{cfg.path}"
+
+
+def teacher_dir(profile: Profile) -> Path:
+    """The teacher as a plain safetensors directory on this host (converted once from the wheel's GGUF, then reused)."""
     cfg = profile.teacher
     if cfg.source in ("local", "hub"):
         if not cfg.path:
             raise ValueError(f"teacher.path is required when teacher.source={cfg.source!r}")
-        src = Path(cfg.path)
         if cfg.source == "hub":
             from huggingface_hub import snapshot_download
 
-            src = Path(snapshot_download(cfg.path, local_files_only=True))
-        return ArtifactRef(kind="teacher", uri=str(src), sha256=sha256_tree(src), meta={"source": cfg.source})
-
+            return Path(snapshot_download(cfg.path, local_files_only=True))
+        return Path(cfg.path)
     cache = profile.work / "cache"
     gguf = fetch_gguf(cfg, cache)
-    gguf_sha = sha256_file(gguf)
-    out = profile.work / "models" / f"teacher-{gguf_sha[:16]}"
+    out = profile.work / "models" / f"teacher-{sha256_file(gguf)[:16]}"
     if not (out / "model.safetensors").exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         convert_gguf(gguf, out)
-    tree = sha256_json(json.loads((out / "edgeflow-manifest.json").read_text()))
-    return ArtifactRef(
-        kind="teacher", uri=str(out), sha256=tree, meta={"source": "pypi-gguf", "package": cfg.package, "gguf_sha256": gguf_sha}
-    )
+    return out
+
+
+def ensure_teacher(profile: Profile) -> ArtifactRef:
+    """The teacher's reference (source URI + content hash), resolved into teacher_dir on this host."""
+    cfg = profile.teacher
+    path = teacher_dir(profile)
+    if cfg.source in ("local", "hub"):
+        return ArtifactRef(kind="teacher", uri=teacher_uri(cfg), sha256=sha256_tree(path), meta={"source": cfg.source})
+    tree = sha256_json(json.loads((path / "edgeflow-manifest.json").read_text()))
+    return ArtifactRef(kind="teacher", uri=teacher_uri(cfg), sha256=tree,
+                       meta={"source": "pypi-gguf", "package": cfg.package, "gguf_sha256": sha256_file(fetch_gguf(cfg, profile.work / "cache"))})

@@ -16,7 +16,7 @@ GATE_REPORT_TAG = "edgeflow.gate_report"
 def gate_report_link(gate_report: ArtifactRef) -> str:
     """`runs:/<consistency run>/gate/<file>`: where the consistency stage logged this gate report."""
     # flows/consistency.py logs the report under the artifact path "gate", keeping its file name.
-    return f"runs:/{gate_report.mlflow_run_id}/gate/{gate_report.path.name}"
+    return f"runs:/{gate_report.mlflow_run_id}/gate/{gate_report.name}"
 
 
 def client() -> MlflowClient:

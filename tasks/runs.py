@@ -16,14 +16,42 @@ from tasks.artifacts import ArtifactRef, sha256_json, sha256_tree
 
 
 class ReleaseContext(BaseModel):
-    """Identifies one release: its id, profile and MLflow parent run."""
+    """One release as every stage sees it, on whichever host it runs: ids, the profile as the release resolved it,
+    and every file the profile names, published to the release's MLflow run.
+
+    A stage reads its configuration from `settings` and its input files through `inputs` (materialized from the
+    artifact store and checked by sha256), never from a YAML or a data file on its own host, which may hold another
+    checkout.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     release_id: str = Field(description="Release id, also the report's file name.")
-    profile: str = Field(description="Profile YAML path the release runs with.")
+    profile: str = Field(description="Profile YAML path the release was started with (on the release's host; shown, not read).")
     mlflow_parent_run_id: str = Field(description="MLflow run that parents every stage run of this release.")
     prefect_flow_run_id: str | None = Field(default=None, description="Prefect flow run of the release.")
+    settings: dict = Field(description="The validated profile as resolved once by the release (Profile.settings()).")
+    inputs: dict[str, ArtifactRef] = Field(
+        default_factory=dict,
+        description="Every file the profile names, keyed by the path the profile gives, as published to the parent run.",
+    )
+    code: str = Field(description="edgeflow version + source hash of the release's host (tasks/codeversion.py).")
+
+    def resolved(self):
+        """The release's profile, validated again without looking for its files on this host."""
+        from tasks.config import Profile
+
+        return Profile.model_validate(self.settings, context={"resolved": True})
+
+    def input(self, path: str) -> ArtifactRef:
+        """The published reference of one file the profile names (by the path the profile gives)."""
+        try:
+            return self.inputs[path]
+        except KeyError:
+            raise KeyError(
+                f"{path} is not among the files release {self.release_id} resolved from its profile ({sorted(self.inputs)}); "
+                "name it in the profile (tasks/config.py:Profile.input_files lists what a release ships)"
+            ) from None
 
 
 def _stable(value: Any) -> Any:
@@ -45,15 +73,26 @@ def _stable(value: Any) -> Any:
 PLACEMENT_PARAMETERS = frozenset({"slot"})
 
 
+# Bumped when what a cached result holds changes shape: v2 results hand on artifact-store URIs, not host paths,
+# so a result cached by an older edgeflow is recomputed rather than handed to a stage that cannot open it.
+CACHE_GENERATION = "v2"
+
+
 def content_key(context, parameters: dict[str, Any]) -> str:
     """Prefect cache key: task name + profile fields + upstream sha256s, so a retry or re-run reuses
     a stage whose inputs did not change, across flow runs, and recomputes it when they did."""
     content = {k: v for k, v in parameters.items() if k not in PLACEMENT_PARAMETERS}
-    return f"{context.task.name}-{sha256_json(_stable(content))[:32]}"
+    return f"{context.task.name}-{CACHE_GENERATION}-{sha256_json(_stable(content))[:32]}"
 
 
 def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI", "http://127.0.0.1:5055")
+
+
+def experiment_id(client, name: str, artifact_location: str | None = None) -> str:
+    """The experiment's id, created on first use (with the profile's artifact location, if it names one)."""
+    exp = client.get_experiment_by_name(name)
+    return exp.experiment_id if exp else client.create_experiment(name, artifact_location=artifact_location)
 
 
 @contextmanager
@@ -63,6 +102,7 @@ def stage_run(ctx: ReleaseContext, stage: str, params: dict | None = None) -> It
 
     client = MlflowClient(tracking_uri())
     parent = client.get_run(ctx.mlflow_parent_run_id)
+    kill_orphans(client, parent.info.experiment_id, ctx.mlflow_parent_run_id, stage)
     run = client.create_run(
         parent.info.experiment_id,
         run_name=stage,
@@ -87,6 +127,19 @@ def stage_run(ctx: ReleaseContext, stage: str, params: dict | None = None) -> It
     client.log_metric(run_id, "stage_wall_s", time.perf_counter() - t0)
     client.log_metric(run_id, "stage_peak_rss_mb", peak.mb)
     client.set_terminated(run_id, "FINISHED")
+
+
+def kill_orphans(client: Any, experiment_id: str, parent_run_id: str, stage: str) -> list[str]:
+    """Mark KILLED the runs of this stage under this release that are still RUNNING: a process that died (kill -9,
+    a lost node) cannot end its own run, and a retry of the stage starts a new one. Returns their ids."""
+    orphans = client.search_runs(
+        [experiment_id],
+        f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.`edgeflow.stage` = '{stage}' and attributes.status = 'RUNNING'",
+    )
+    for r in orphans:
+        client.set_tag(r.info.run_id, "edgeflow.killed_reason", f"stage {stage} was retried while this run was still RUNNING")
+        client.set_terminated(r.info.run_id, "KILLED")
+    return [r.info.run_id for r in orphans]
 
 
 @dataclass
@@ -123,9 +176,9 @@ def mlflow_step_logger(client: Any, run_id: str) -> MlflowStepLogger:
 TRAINING_SET_TAG = "edgeflow.training_set"
 
 
-def log_training_set(client: Any, run_id: str, files: list[Path]) -> dict[str, str]:
-    """Tag the distill run with each training file's sha256; returns {path: sha256}."""
-    hashes = {str(f): sha256_tree(f) for f in files}
+def log_training_set(client: Any, run_id: str, files: dict[str, Path]) -> dict[str, str]:
+    """Tag the distill run with each training file's sha256, named as the profile names it; returns {name: sha256}."""
+    hashes = {name: sha256_tree(f) for name, f in files.items()}
     client.set_tag(run_id, TRAINING_SET_TAG, json.dumps(hashes, sort_keys=True))
     return hashes
 

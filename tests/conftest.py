@@ -18,10 +18,10 @@ def teacher_dir() -> Path:
     if preset and Path(preset, "model.safetensors").exists():
         return Path(preset)
     from tasks.config import load_profile
-    from tasks.model_source import ensure_teacher
+    from tasks.model_source import teacher_dir as converted_teacher
 
     # Same profile (and so the same cache) as the end-to-end release test: one conversion per machine.
-    path = ensure_teacher(load_profile(REPO / "configs" / "test-tiny.yaml")).path
+    path = converted_teacher(load_profile(REPO / "configs" / "test-tiny.yaml"))
     os.environ["EDGEFLOW_TEST_TEACHER"] = str(path)
     return path
 

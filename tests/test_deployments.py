@@ -33,9 +33,10 @@ CALLER_KEY = "x-caller-parameters"
 
 # The pool each stage's hardware needs. Deployments not named here (added later) get every other check.
 HARDWARE = {
-    "distill": "a100", "quantize": "a100",
+    "distill": "a100", "quantize": "a100", "gate-reference": "a100",
     "build-engine": "orin", "deploy-edge": "orin", "rollback-edge": "orin",
-    "calibrate": "cpu", "consistency": "cpu", "register": "cpu", "release": "cpu",
+    # the gate scores the built engines, so it runs where they were built
+    "calibrate": "cpu", "consistency": "orin", "register": "cpu", "release": "cpu",
 }
 
 
@@ -237,6 +238,19 @@ def test_every_flow_has_a_deployment():
                 )
 
 
+def test_every_placeable_stage_names_its_deployment():
+    """flows/stages.py sends a pool-placed stage to DEPLOYMENTS[stage]: each one exists and runs that stage's flow."""
+    from flows.stages import DEPLOYMENTS
+    from tasks.config import STAGES
+
+    by_name = {d["name"]: d for d in deployments()}
+    assert set(DEPLOYMENTS) == set(STAGES)
+    for stage, target in DEPLOYMENTS.items():
+        flow_name, dep_name = target.split("/")
+        assert dep_name in by_name, f"placement of {stage} names deployment {target}, which prefect.yaml lacks"
+        assert load_flow(by_name[dep_name]).name == flow_name, (stage, target)
+
+
 def test_run_deployment_targets_exist():
     """Names that flows pass to run_deployment ("flow/deployment") resolve to a deployment of that flow."""
     by_name = {d["name"]: d for d in deployments()}
@@ -267,7 +281,7 @@ def test_unknown_parameter_is_caught(pools):
 
 
 def test_unknown_parameter_is_caught_where_the_caller_supplies_the_rest(pools):
-    dep = _dep(entrypoint="flows/distill.py:distill", parameters={"profile": "configs/demo-cpu.yaml", "steps": 3}, **{CALLER_KEY: ["ctx"]})
+    dep = _dep(entrypoint="flows/calibrate.py:calibrate", parameters={"attempt": 1, "steps": 3}, **{CALLER_KEY: ["ctx", "student"]})
     with pytest.raises(DeploymentError, match="steps"):
         check_deployment(dep, pools)
 
@@ -282,19 +296,19 @@ def test_wrong_type_is_caught(pools, params, field):
 
 
 def test_wrong_type_is_caught_where_the_caller_supplies_the_rest(pools):
-    dep = _dep(entrypoint="flows/distill.py:distill", parameters={"profile": 3}, **{CALLER_KEY: ["ctx"]})
-    with pytest.raises(DeploymentError, match="profile"):
+    dep = _dep(entrypoint="flows/calibrate.py:calibrate", parameters={"attempt": "first"}, **{CALLER_KEY: ["ctx", "student"]})
+    with pytest.raises(DeploymentError, match="attempt"):
         check_deployment(dep, pools)
 
 
 def test_missing_required_parameter_is_caught(pools):
     with pytest.raises(DeploymentError, match=r"requires \['ctx'\].*x-caller-parameters"):
-        check_deployment(_dep(entrypoint="flows/distill.py:distill", parameters={"profile": "configs/demo-cpu.yaml"}), pools)
+        check_deployment(_dep(entrypoint="flows/distill.py:distill", parameters={}), pools)
 
 
 def test_caller_parameters_must_be_real_and_unset(pools):
-    dep = _dep(entrypoint="flows/distill.py:distill", **{CALLER_KEY: ["ctx", "profile"]}, parameters={"profile": "configs/demo-cpu.yaml"})
-    with pytest.raises(DeploymentError, match=r"\['profile'\]"):
+    dep = _dep(entrypoint="flows/calibrate.py:calibrate", **{CALLER_KEY: ["ctx", "student", "attempt"]}, parameters={"attempt": 1})
+    with pytest.raises(DeploymentError, match=r"\['attempt'\]"):
         check_deployment(dep, pools)
 
 
@@ -328,7 +342,7 @@ def test_stage_on_the_wrong_hardware_is_caught(pools):
 ])
 def test_bad_job_variables_are_caught(pools, job_variables, message):
     dep = _dep(name="probe-a100", entrypoint="flows/distill.py:distill", work_pool={"name": "a100", "job_variables": job_variables},
-               parameters={"profile": "configs/demo-cpu.yaml"}, **{CALLER_KEY: ["ctx"]})
+               parameters={}, **{CALLER_KEY: ["ctx"]})
     with pytest.raises(DeploymentError, match=message):
         check_deployment(dep, pools)
 

@@ -1,19 +1,19 @@
-"""Consistency gate: each variant's built engine against the full-precision reference.
+"""Consistency gate, engine half: each variant's built engine, on the host that built it, against the stored FP reference.
 
-Tiny CPU run: python -m flows.consistency --profile configs/test-tiny.yaml
+Tiny CPU run (services up): python -m flows.release --profile configs/test-tiny.yaml --deploy none
+
+No torch here: the FP student's side was computed by tasks/evaluation/reference.py where torch runs.
 """
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-
 from tasks.calibration import allocate
 from tasks.config import GateConfig
 from tasks.engines import get_backend
-from tasks.evaluation.metrics import Accumulator, LayerError, greedy_exact_match, log_softmax
+from tasks.evaluation.metrics import Accumulator, greedy_exact_match, log_softmax
+from tasks.evaluation.reference import Reference
 from tasks.textdata import load_texts
 
 
@@ -30,39 +30,6 @@ def tokenize(texts: list[str], tokenizer, max_tokens: int) -> list[list[int]]:
     """Token ids, truncated to max_tokens; sequences of fewer than 2 tokens are dropped."""
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"][:max_tokens] for t in texts]
     return [x for x in ids if len(x) >= 2]
-
-
-class HFScorer:
-    """Teacher-forced logits from a transformers checkpoint: dense, or compressed-tensors as its fake-quantized twin."""
-
-    def __init__(self, model_dir: Path):
-        from tasks.quantize import load_dequantized
-
-        self.model = load_dequantized(model_dir)
-
-    @torch.no_grad()
-    def __call__(self, ids: list[int]) -> np.ndarray:
-        return self.model(input_ids=torch.tensor([ids])).logits[0].float().numpy()
-
-    @torch.no_grad()
-    def with_hidden(self, ids: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
-        """Logits and every decoder layer's output hidden states ([len, hidden] each), from one forward pass."""
-        out = self.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
-        return out.logits[0].float().numpy(), [h[0].float().numpy() for h in out.hidden_states[1:]]
-
-    @torch.no_grad()
-    def greedy(self, ids: list[int], max_new_tokens: int, stop_token_ids: list[int]) -> list[int]:
-        """Greedy continuation with a KV cache, stopping before a stop token (as the engines do)."""
-        out: list[int] = []
-        past, x = None, torch.tensor([ids])
-        for _ in range(max_new_tokens):
-            o = self.model(input_ids=x, past_key_values=past, use_cache=True)
-            past, token = o.past_key_values, int(o.logits[0, -1].argmax())
-            if token in stop_token_ids:
-                break
-            out.append(token)
-            x = torch.tensor([[token]])
-        return out
 
 
 def greedy_prompts(seqs: list[list[int]], num: int) -> list[list[int]]:
@@ -86,52 +53,37 @@ def measure_speed(backend, session, prompt_ids: list[int], n_tokens: int = 64) -
     return {"decode_tok_s": decode, "ttft_ms": 1000 * ((first or end) - t0), "speed_tokens": count}
 
 
-def run_gate(
-    reference_dir: Path,
-    variants: list[dict],
-    seqs: list[list[int]],
-    gate: GateConfig,
-    backend_name: str,
-    speed_prompt: list[int],
-    prompts: list[list[int]] | None = None,
-    stop_token_ids: list[int] | None = None,
-) -> tuple[list[dict], dict]:
-    """Score every variant's engine (and its fake-quantized HF model) against the FP reference.
+def run_gate(reference: Reference, variants: list[dict], gate: GateConfig, backend_name: str) -> tuple[list[dict], dict]:
+    """Score every variant's engine, on this host, against the stored FP reference (tasks/evaluation/reference.py).
 
-    `variants`: dicts with name, engine_dir, checkpoint_dir (the HF-loadable checkpoint the engine was built
-    from), size_mb, quantized (bool). Sequences are scored one at a time for all models together, so
-    no full logit tensor set is ever held in memory. `prompts` are continued greedily for
-    `gate.greedy_tokens` tokens by the reference and by every engine (greedy exact match).
-    Returns (rows, distributions): per-sequence agreement, per-token KL and per-layer hidden-state
-    error per variant, for the plots.
+    `variants`: dicts with name, engine_dir, size_mb, quantized (bool). Sequences are scored one at a time for all
+    engines together, so no full logit tensor set is ever held in memory. Each engine continues the reference's
+    greedy prompts for `gate.greedy_tokens` tokens (greedy exact match). Engine parity compares each engine with its
+    own fake-quantized model's argmax, which the reference half stored. Returns (rows, distributions): per-sequence
+    agreement, per-token KL and per-layer hidden-state error per variant, for the plots.
     """
     backend = get_backend(backend_name)
-    reference = HFScorer(reference_dir)
     sessions = {v["name"]: backend.load(Path(v["engine_dir"])) for v in variants}
-    fakeq = {v["name"]: (HFScorer(Path(v["checkpoint_dir"])) if v["quantized"] else reference) for v in variants}
+    missing = [v["name"] for v in variants if v["quantized"] and v["name"] not in reference.fakeq_argmax]
+    if missing:
+        raise ValueError(f"the gate reference has no fake-quantized pass for {missing} (it has {sorted(reference.fakeq_argmax)}); "
+                         "re-run gate-reference with the same checkpoints as build-engine")
     vs_ref = {v["name"]: Accumulator() for v in variants}
-    parity = {v["name"]: Accumulator() for v in variants}
-    layer_error = {v["name"]: LayerError() for v in variants if v["quantized"]}
-    for ids in seqs:
-        ref_logits, ref_hidden = reference.with_hidden(ids)
-        ref = log_softmax(ref_logits)
+    parity = {v["name"]: [0, 0] for v in variants}  # [agreeing positions, positions]
+    for i, ids in enumerate(reference.seqs):
         for v in variants:
             eng = log_softmax(backend.score(sessions[v["name"]], ids))
-            vs_ref[v["name"]].add_logprobs(ref, eng, ids)
-            if fakeq[v["name"]] is reference:
-                fq = ref
-            else:
-                fq_logits, fq_hidden = fakeq[v["name"]].with_hidden(ids)
-                fq = log_softmax(fq_logits)
-                layer_error[v["name"]].add(ref_hidden, fq_hidden)
-            parity[v["name"]].add_logprobs(fq, eng, ids)
+            vs_ref[v["name"]].add_top_k(reference.topk_ids[i], reference.topk_logp[i], reference.target_logp[i], eng, ids)
+            fq = reference.fakeq_argmax[v["name"]][i] if v["quantized"] else reference.argmax(i)
+            parity[v["name"]][0] += int((fq[:-1] == eng[:-1].argmax(-1)).sum())
+            parity[v["name"]][1] += len(ids) - 1
 
-    prompts, stop = prompts or [], stop_token_ids or []
-    ref_continuations = [reference.greedy(p, gate.greedy_tokens, stop) for p in prompts]
+    prompts, stop, ref_continuations = reference.prompts, reference.stop_token_ids, reference.continuations
+    speed_prompt = reference.speed_prompt
     rows = []
     for v in variants:
         m = vs_ref[v["name"]].result()
-        m["engine_parity"] = parity[v["name"]].result()["top1_agreement"]
+        m["engine_parity"] = parity[v["name"]][0] / max(parity[v["name"]][1], 1)
         eng_continuations = [list(backend.generate(sessions[v["name"]], p, gate.greedy_tokens, stop)) for p in prompts]
         m["greedy_exact_match"] = greedy_exact_match(ref_continuations, eng_continuations) if prompts else None
         m["greedy_prompts"] = len(prompts)
@@ -173,6 +125,6 @@ def run_gate(
     distributions = {
         "seq_agreement": {n: a.seq_agreement for n, a in vs_ref.items()},
         "kl": {n: a.kl_values() for n, a in vs_ref.items()},
-        "layer_error": {n: e.result() for n, e in layer_error.items()},
+        "layer_error": reference.meta.get("layer_error", {}),
     }
     return rows, distributions

@@ -22,6 +22,23 @@ def kl_per_position(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
     return (np.exp(lr) * (lr - lc)).sum(-1)
 
 
+def kl_from_top_k(ref_ids: np.ndarray, ref_logp: np.ndarray, cand_logp: np.ndarray) -> np.ndarray:
+    """KL(p_ref ‖ p_cand) per position when only the reference's top-k is known: the k tokens plus one bucket for
+    the rest of the vocabulary on each side. Exact when the top-k holds all of p_ref's mass; otherwise the KL of
+    the coarsened distributions, a lower bound on the full KL (log-sum inequality).
+
+    ref_ids/ref_logp: [n, k]; cand_logp: the candidate's full log-probabilities [n, vocab].
+    """
+    ref_logp = ref_logp.astype(np.float64)
+    q_logp = np.take_along_axis(cand_logp, ref_ids.astype(np.int64), -1).astype(np.float64)
+    p = np.exp(ref_logp)
+    head = (p * (ref_logp - q_logp)).sum(-1)
+    p_tail = np.clip(1.0 - p.sum(-1), 0.0, 1.0)
+    q_tail = np.clip(1.0 - np.exp(q_logp).sum(-1), 1e-300, 1.0)
+    tail = np.where(p_tail > 1e-12, p_tail * (np.log(np.maximum(p_tail, 1e-300)) - np.log(q_tail)), 0.0)
+    return head + tail
+
+
 def nll(logits: np.ndarray, targets: np.ndarray) -> float:
     """Summed negative log-likelihood of `targets` [n] under `logits` [n, vocab]."""
     lp = log_softmax(logits)
@@ -43,18 +60,29 @@ class Accumulator:
 
     def add_logprobs(self, ref: np.ndarray, cand: np.ndarray, input_ids: list[int]) -> None:
         """Like add, from log-probabilities (the gate computes each model's once and compares it many times)."""
-        ref, cand = ref[:-1], cand[:-1]
+        ref = ref[:-1]
         targets = np.asarray(input_ids[1:])
-        rows = np.arange(len(targets))
-        same = ref.argmax(-1) == cand.argmax(-1)
+        self._add(ref.argmax(-1), (np.exp(ref) * (ref - cand[:-1])).sum(-1), ref[np.arange(len(targets)), targets], cand, input_ids)
+
+    def add_top_k(self, ref_ids: np.ndarray, ref_logp: np.ndarray, ref_target_logp: np.ndarray, cand: np.ndarray,
+                  input_ids: list[int]) -> None:
+        """Like add_logprobs, against a stored reference: its top-k per position ([L, k], column 0 the argmax) and the
+        log-probability of each next token ([L-1]); KL from kl_from_top_k. cand: the candidate's [L, vocab]."""
+        self._add(ref_ids[:-1, 0], kl_from_top_k(ref_ids[:-1], ref_logp[:-1], cand[:-1]), ref_target_logp, cand, input_ids)
+
+    def _add(self, ref_argmax: np.ndarray, kl: np.ndarray, ref_target_logp: np.ndarray, cand: np.ndarray,
+             input_ids: list[int]) -> None:
+        cand = cand[:-1]
+        targets = np.asarray(input_ids[1:])
+        same = ref_argmax == cand.argmax(-1)
         self.agree += int(same.sum())
         self.seq_agreement.append(float(same.mean()))
-        self.agree_last += int(ref[-1].argmax() == cand[-1].argmax())
+        self.agree_last += int(same[-1])
         self.n_pos += len(targets)
         self.n_seq += 1
-        self.kls.append((np.exp(ref) * (ref - cand)).sum(-1))
-        self.nll_ref -= float(ref[rows, targets].sum())
-        self.nll_cand -= float(cand[rows, targets].sum())
+        self.kls.append(kl)
+        self.nll_ref -= float(np.sum(ref_target_logp))
+        self.nll_cand -= float(cand[np.arange(len(targets)), targets].sum())
 
     def kl_values(self) -> np.ndarray:
         """Every position's KL, for the distribution plot."""

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import flows.build_engine as stage
 from tasks.artifacts import ArtifactRef
+from tasks.codeversion import code_identity
 from tasks.config import load_profile
 from tasks.engines import cpu_native
 from tasks.runs import ReleaseContext, content_key
@@ -16,14 +17,17 @@ PROFILE = REPO / "configs" / "test-tiny.yaml"
 
 
 def _ctx() -> ReleaseContext:
-    return ReleaseContext(release_id="r1", profile=str(PROFILE), mlflow_parent_run_id="0" * 32)
+    return ReleaseContext(release_id="r1", profile=str(PROFILE), mlflow_parent_run_id="0" * 32,
+                          settings=load_profile(PROFILE).settings(), code=code_identity())
 
 
 def test_build_engine_passes_the_backends_build_identity(monkeypatch) -> None:
     seen = []
+    monkeypatch.setattr(stage, "stored", lambda task, *args: task(*args))
     monkeypatch.setattr(stage, "build_one", lambda c, engine, name, ctx, builder: seen.append((name, builder)) or c)
-    ckpts = [ArtifactRef(kind="student", uri="/x", sha256="a" * 64), ArtifactRef(kind="quantized", uri="/y", sha256="b" * 64, meta={"variant": "awq"})]
-    stage.build_engine.fn(str(PROFILE), _ctx(), ckpts)
+    ckpts = [ArtifactRef(kind="student", uri="mlflow-artifacts:/x", sha256="a" * 64),
+             ArtifactRef(kind="quantized", uri="mlflow-artifacts:/y", sha256="b" * 64, meta={"variant": "awq"})]
+    stage.build_engine.fn(_ctx(), ckpts)
     assert load_profile(PROFILE).engine.backend == "cpu_native"
     assert seen == [("fp32", cpu_native.build_identity()), ("awq", cpu_native.build_identity())]
 

@@ -59,7 +59,8 @@ class MlflowServer:
 
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory) -> Iterator[MlflowServer]:
-    """`mlflow server` on SQLite and local artifacts at a free port, one for the session.
+    """`mlflow server` on SQLite at a free port, one for the session, proxying its artifact store as the services'
+    server does (`--artifacts-destination`): run artifact URIs are mlflow-artifacts:/…, fetched over HTTP.
 
     It is only started here: it boots (~20 s on 2 cores) while the session's other fixtures build the tiny
     model, and `mlflow_tracking` waits for it.
@@ -69,7 +70,7 @@ def mlflow_server(tmp_path_factory) -> Iterator[MlflowServer]:
     with open(root / "server.log", "wb") as log:
         proc = subprocess.Popen(
             [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
-             "--default-artifact-root", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+             "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,  # its own group: the uvicorn child stops with it
             # No background job runner (traces, scorers): unused here, and one process less to start and stop on 2 cores.
             env=os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
@@ -155,11 +156,12 @@ def make_release(mlflow_server, tiny_llama, calibration_rows, stage_results, mlf
     from flows.quantize import quantize_variant
     from flows.register import register_passing
     from flows.release import open_release
-    from tasks.artifacts import ArtifactRef, sha256_file, sha256_tree
+    from tasks.artifacts import ArtifactRef, sha256_tree
     from tasks.config import load_profile
     from tasks.engines import get_backend
     from tasks.quantize import load_recipe
     from tasks.runs import content_key, log_training_set, stage_run
+    from tasks.store import materialize, publish
 
     def cached(task, **params):
         key = content_key(SimpleNamespace(task=task), params)
@@ -183,26 +185,23 @@ def make_release(mlflow_server, tiny_llama, calibration_rows, stage_results, mlf
         teacher_dir = root / "teacher"
         teacher_dir.mkdir()
         (teacher_dir / "model.safetensors").write_bytes(os.urandom(256))
-        teacher = ArtifactRef(kind="teacher", uri=str(teacher_dir), sha256=sha256_tree(teacher_dir), meta={"source": "local"})
+        teacher = ArtifactRef(kind="teacher", uri=f"local:{teacher_dir}", sha256=sha256_tree(teacher_dir), meta={"source": "local"})
 
         cfg = profile.distill  # as flows/distill.py:train_student records its run
         with stage_run(ctx, "distill", cfg.model_dump() | {"teacher_sha256": teacher.sha256}) as (client, run_id):
             if training_set:
-                log_training_set(client, run_id, [profile.resolve(c) for c in cfg.corpora])
+                log_training_set(client, run_id, {c: profile.resolve(c) for c in cfg.corpora})
             out = profile.work / "artifacts" / "student"
             shutil.copytree(tiny_llama, out)
-            client.log_artifacts(run_id, str(out), "student")
-            student = ArtifactRef(kind="student", uri=str(out), sha256=sha256_tree(out), mlflow_run_id=run_id,
-                                  meta={"teacher": teacher.model_dump()})
+            student = publish(client, run_id, out, "student", "student", meta={"teacher": teacher.model_dump()})
 
         with stage_run(ctx, "calibrate", profile.calibration.model_dump()) as (client, run_id):  # as flows/calibrate.py
             out = profile.work / "artifacts" / "calibration" / "calibration.parquet"
             out.parent.mkdir(parents=True)
             pq.write_table(pa.Table.from_pylist(calibration_rows), out)
-            client.log_artifact(run_id, str(out), "calibration")
             counts = {d: sum(r["domain"] == d for r in calibration_rows) for d in ("chat", "wiki")}
-            calibration = ArtifactRef(kind="calibration", uri=str(out), sha256=sha256_file(out), mlflow_run_id=run_id,
-                                      meta={"total": len(calibration_rows), "counts": counts})
+            calibration = publish(client, run_id, out, "calibration", "calibration",
+                                  meta={"total": len(calibration_rows), "counts": counts})
 
         # as flows/quantize.py:quantize and flows/build_engine.py:build_engine call their tasks
         quantized = {v.name: cached(quantize_variant, student=student, calibration=calibration, variant=v,
@@ -218,9 +217,9 @@ def make_release(mlflow_server, tiny_llama, calibration_rows, stage_results, mlf
         for name, ckpt in checkpoints.items():
             top1 = 1.0 if name == "fp32" else variants[name]
             passed = top1 >= gate.min_top1_agreement
-            size = ckpt.meta.get("size_mb") or sum(f.stat().st_size for f in ckpt.path.rglob("*.safetensors")) / 2**20
+            size = ckpt.meta.get("size_mb") or sum(f.stat().st_size for f in materialize(ckpt).rglob("*.safetensors")) / 2**20
             rows.append({
-                "name": name, "size_mb": round(size, 1), "engine_precision": engine_precision(engines[name].path),
+                "name": name, "size_mb": round(size, 1), "engine_precision": engine_precision(materialize(engines[name])),
                 "decode_tok_s": 50.0, "ttft_ms": 20.0, "top1_agreement": top1, "top1_last": top1, "kl": 0.01, "kl_p99": 0.05,
                 "ppl": 10.0, "greedy_exact": 1.0, "passed": passed, "quantized": name != "fp32",
                 "reasons": [] if passed else [f"top-1 agreement {top1:.2%} < {gate.min_top1_agreement:.2%}"],
@@ -231,8 +230,7 @@ def make_release(mlflow_server, tiny_llama, calibration_rows, stage_results, mlf
             out = profile.work / "releases" / ctx.release_id / "gate-attempt0.json"  # as flows/consistency.py
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps({"thresholds": gate.model_dump(exclude={"eval_sources"}), "attempt": 0, "rows": rows}))
-            client.log_artifact(run_id, str(out), "gate")
-            gate_report = ArtifactRef(kind="gate-report", uri=str(out), sha256=sha256_file(out), mlflow_run_id=run_id)
+            gate_report = publish(client, run_id, out, "gate", "gate-report")
 
         registry = register_passing.fn(gate_report, {"teacher": teacher, "student": student, "calibration": calibration}, ctx)
         return Release(profile_path, profile, ctx, teacher, student, calibration, quantized, engines, gate_report, registry)

@@ -527,23 +527,28 @@ def test_train_student_logs_each_term_per_step_to_mlflow(tiny_smol, mlflow_track
 
     from flows.distill import train_student
     from flows.release import open_release
-    from tasks.artifacts import ArtifactRef, sha256_tree
     from tasks.config import load_profile
+    from tasks.model_source import ensure_teacher
+    from tasks.store import materialize
 
     corpus = _jsonl(tmp_path / "c.jsonl", ["The cat sat on the mat.", "Water boils at one hundred degrees Celsius at sea level.",
                                            " ".join(["a long sentence that will be truncated"] * 6)])
     profile_path = tmp_path / "profile.yaml"
     profile_path.write_text(yaml.safe_dump({
-        "name": "distill-test", "workdir": str(tmp_path / "work"),
+        "name": "distill-test", "workdir": str(tmp_path / "work"), "teacher": {"source": "local", "path": str(tiny_smol)},
         "distill": {"keep_layers": [0, 3], "steps": 2, "batch_size": 2, "max_seq_len": 16, "beta": 0.1, "corpora": [str(corpus)]},
         "quantize": {"variants": [{"name": "gptq-w4a16", "recipe": "deployments/recipes/gptq-w4a16-sym.yaml"}]},
         "registry": {"model_name": "distill-test", "experiment": "distill-test-releases"},
     }))
     profile = load_profile(profile_path)
     ctx = open_release.fn(str(profile_path))
-    teacher = ArtifactRef(kind="teacher", uri=str(tiny_smol), sha256=sha256_tree(tiny_smol))
+    teacher = ensure_teacher(profile)
+    # the training file and the eval files as the release published them to its run (what the flow hands the task)
+    corpora = [ctx.input(c) for c in profile.distill.corpora]
+    held_out = {d: ctx.input(p) for d, p in profile.gate.eval_sources.items()}
+    assert all(r.uri.startswith("mlflow-artifacts:/") for r in corpora + list(held_out.values()))
     with pytest.warns(UserWarning, match="parameter ratio"):
-        student = train_student.fn(teacher, profile.distill, profile.gate.eval_sources, ctx)
+        student = train_student.fn(teacher, profile.distill, corpora, held_out, ctx)
     c = MlflowClient(mlflow_tracking)
     for term in ("kd", "ce", "hidden_mse", "total", "lr", "tokens_per_s"):
         assert [m.step for m in c.get_metric_history(student.mlflow_run_id, term)] == [0, 1], term
@@ -553,4 +558,4 @@ def test_train_student_logs_each_term_per_step_to_mlflow(tiny_smol, mlflow_track
     report_keys = ("student_top1_vs_teacher", "teacher_ppl", "student_ppl", "student_ppl_before_training", "student_quality_pct",
                    "student_layers", "student_params", "size_ratio")  # what flows/release.py:write_report reads
     assert set(report_keys) <= set(student.meta) and student.meta["student_layers"] == 2
-    assert (Path(student.uri) / "model.safetensors").exists()
+    assert student.uri.startswith("mlflow-artifacts:/") and (materialize(student) / "model.safetensors").exists()

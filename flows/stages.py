@@ -1,0 +1,114 @@
+"""How a release runs its stages: inline, or on a pool through the stage's deployment, as a subflow of the release.
+
+Tiny CPU run (services up, see README): python -m flows.release --profile configs/test-tiny.yaml --deploy none
+
+`placement` in the profile says where each stage runs. A pool-placed stage is started with
+`run_deployment(..., as_subflow=True)`: the Prefect UI shows it under the release, with the pool and worker
+that ran it, and its result comes back through the configured result storage. Whatever a stage is handed
+(ReleaseContext, ArtifactRefs) is JSON; files travel through the artifact store (tasks/store.py).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from tasks.codeversion import require_same_code
+from tasks.runs import ReleaseContext
+
+# Stage -> the deployment prefect.yaml defines for it ("<flow name>/<deployment name>").
+DEPLOYMENTS = {
+    "distill": "distill/distill",
+    "calibrate": "calibrate/calibrate",
+    "quantize": "quantize/quantize",
+    "build_engine": "build-engine/build-engine",
+    "gate_reference": "gate-reference/gate-reference",
+    "consistency": "consistency/consistency",
+    "register": "register/register",
+}
+# Seconds between polls of a pool-placed stage's state (run_deployment's default, 5 s, adds up to 5 s a stage).
+POLL_S = 1.0
+
+
+class PlacementError(ValueError):
+    """A placement names a pool or deployment the Prefect server does not have."""
+
+
+class StageFailed(RuntimeError):
+    """A pool-placed stage's flow run did not complete."""
+
+
+def check_placement(placement) -> dict[str, str]:
+    """Before any compute: every pool-placed stage has its deployment, on the pool the profile names.
+
+    Returns {stage: pool}. Raises PlacementError naming the field, what the server has and the fix.
+    """
+    pooled = placement.pooled()
+    if not pooled:
+        return pooled
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+    from prefect.settings import PREFECT_API_URL
+
+    api = PREFECT_API_URL.value()
+    with get_client(sync_client=True) as client:
+        for stage, pool in pooled.items():
+            name = DEPLOYMENTS[stage]
+            try:
+                client.read_work_pool(pool)
+            except ObjectNotFound:
+                pools = sorted(p.name for p in client.read_work_pools())
+                raise PlacementError(
+                    f"placement.{stage}={pool}: the Prefect server at {api} has no work pool {pool!r} (it has {pools}); "
+                    f"create it (`prefect work-pool create {pool} --type process`, or `make services`) or set "
+                    f"placement.{stage} to one of those or `inline`"
+                ) from None
+            try:
+                dep = client.read_deployment_by_name(name)
+            except ObjectNotFound:
+                raise PlacementError(
+                    f"placement.{stage}={pool}: the Prefect server at {api} has no deployment {name}; deploy it "
+                    f"(`prefect --no-prompt deploy --all`, or `make services`) or set placement.{stage}: inline"
+                ) from None
+            if dep.work_pool_name != pool:
+                raise PlacementError(
+                    f"placement.{stage}={pool}, but deployment {name} is on pool {dep.work_pool_name!r}: set "
+                    f"placement.{stage}: {dep.work_pool_name} or move the deployment's work_pool in prefect.yaml to {pool}"
+                )
+    return pooled
+
+
+def run_stage(ctx: ReleaseContext, stage: str, flow_fn: Callable[..., Any], **params) -> Any:
+    """Run one stage where the release's placement says: inline, or through its deployment on its pool."""
+    pool = ctx.resolved().placement.where(stage)
+    if pool == "inline":
+        return flow_fn(ctx=ctx, **params)
+    from prefect.deployments import run_deployment
+
+    name = DEPLOYMENTS[stage]
+    fr = run_deployment(name, parameters={"ctx": ctx, **params}, as_subflow=True, timeout=None, poll_interval=POLL_S,
+                        tags=[f"edgeflow.stage:{stage}", f"edgeflow.release:{ctx.release_id}"])
+    if not fr.state.is_completed():
+        raise StageFailed(f"stage {stage} (deployment {name}, pool {pool}): flow run {fr.id} ended "
+                          f"{fr.state.type.value}: {fr.state.message}")
+    return fr.state.result()
+
+
+def enter_stage(ctx: ReleaseContext, stage: str) -> None:
+    """First line of every stage flow: refuse to run on a worker whose code is not the release's."""
+    require_same_code(ctx.code, f"stage {stage} of release {ctx.release_id}")
+
+
+def stored(task_fn, *args, **kwargs):
+    """Call a cached task; if a cached result names artifacts the store no longer has, compute it again.
+
+    A Prefect cache hit returns the references the first run produced. Should the store have lost one (a bucket
+    lifecycle rule, a wiped tracking server), handing it on would fail the next stage; refresh instead.
+    """
+    from tasks.store import in_store
+
+    out = task_fn(*args, **kwargs)
+    refs = out if isinstance(out, list) else [out]
+    missing = [r.uri for r in refs if r is not None and not in_store(r)]
+    if not missing:
+        return out
+    print(f"{task_fn.name}: cached result names artifacts missing from the store ({missing[:3]}); computing it again")
+    return task_fn.with_options(refresh_cache=True)(*args, **kwargs)
