@@ -111,6 +111,7 @@ def stage_run(ctx: ReleaseContext, stage: str, params: dict | None = None) -> It
             "edgeflow.release_id": ctx.release_id,
             "edgeflow.stage": stage,
             "edgeflow.profile": ctx.profile,
+            **host_tags(),
         },
     )
     run_id = run.info.run_id
@@ -127,6 +128,24 @@ def stage_run(ctx: ReleaseContext, stage: str, params: dict | None = None) -> It
     client.log_metric(run_id, "stage_wall_s", time.perf_counter() - t0)
     client.log_metric(run_id, "stage_peak_rss_mb", peak.mb)
     client.set_terminated(run_id, "FINISHED")
+
+
+def host_tags() -> dict[str, str]:
+    """Where a stage run ran: the host (user@hostname, as a multi-host operator reads it), this host's EDGEFLOW_HOME,
+    the edgeflow code, and the Prefect flow run (whose work pool and worker the Prefect UI shows)."""
+    import getpass
+    import socket
+
+    from prefect.runtime import flow_run
+
+    from tasks.codeversion import code_identity
+
+    return {
+        "edgeflow.host": f"{getpass.getuser()}@{socket.gethostname()}",
+        "edgeflow.home": os.environ.get("EDGEFLOW_HOME", ""),
+        "edgeflow.code": code_identity(),
+        "edgeflow.stage_flow_run_id": flow_run.get_id() or "",
+    }
 
 
 def kill_orphans(client: Any, experiment_id: str, parent_run_id: str, stage: str) -> list[str]:

@@ -73,7 +73,8 @@ def run_gate(reference: Reference, variants: list[dict], gate: GateConfig, backe
     for i, ids in enumerate(reference.seqs):
         for v in variants:
             eng = log_softmax(backend.score(sessions[v["name"]], ids))
-            vs_ref[v["name"]].add_top_k(reference.topk_ids[i], reference.topk_logp[i], reference.target_logp[i], eng, ids)
+            vs_ref[v["name"]].add_top_k(reference.topk_ids[i], reference.topk_logp[i], reference.tail_logp[i],
+                                        reference.target_logp[i], eng, ids)
             fq = reference.fakeq_argmax[v["name"]][i] if v["quantized"] else reference.argmax(i)
             parity[v["name"]][0] += int((fq[:-1] == eng[:-1].argmax(-1)).sum())
             parity[v["name"]][1] += len(ids) - 1

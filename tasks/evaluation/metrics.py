@@ -22,20 +22,32 @@ def kl_per_position(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
     return (np.exp(lr) * (lr - lc)).sum(-1)
 
 
-def kl_from_top_k(ref_ids: np.ndarray, ref_logp: np.ndarray, cand_logp: np.ndarray) -> np.ndarray:
+def logsumexp_outside(logp: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Per row, log Σ exp(logp) over the tokens *not* in `ids` ([n, k]): -inf where ids cover the row."""
+    rest = logp.astype(np.float64).copy()
+    np.put_along_axis(rest, ids.astype(np.int64), -np.inf, -1)
+    peak = rest.max(-1)
+    shift = np.where(np.isfinite(peak), peak, 0.0)
+    with np.errstate(divide="ignore"):
+        return shift + np.log(np.exp(rest - shift[:, None]).sum(-1))
+
+
+def kl_from_top_k(ref_ids: np.ndarray, ref_logp: np.ndarray, ref_tail_logp: np.ndarray, cand_logp: np.ndarray) -> np.ndarray:
     """KL(p_ref ‖ p_cand) per position when only the reference's top-k is known: the k tokens plus one bucket for
     the rest of the vocabulary on each side. Exact when the top-k holds all of p_ref's mass; otherwise the KL of
     the coarsened distributions, a lower bound on the full KL (log-sum inequality).
 
-    ref_ids/ref_logp: [n, k]; cand_logp: the candidate's full log-probabilities [n, vocab].
+    ref_ids/ref_logp: [n, k]; ref_tail_logp: [n], log of the reference mass outside its top-k (-inf when none), stored
+    in the log domain because 1 - sum(top-k) in float32 is rounding noise; cand_logp: the candidate's full [n, vocab].
     """
     ref_logp = ref_logp.astype(np.float64)
-    q_logp = np.take_along_axis(cand_logp, ref_ids.astype(np.int64), -1).astype(np.float64)
-    p = np.exp(ref_logp)
-    head = (p * (ref_logp - q_logp)).sum(-1)
-    p_tail = np.clip(1.0 - p.sum(-1), 0.0, 1.0)
-    q_tail = np.clip(1.0 - np.exp(q_logp).sum(-1), 1e-300, 1.0)
-    tail = np.where(p_tail > 1e-12, p_tail * (np.log(np.maximum(p_tail, 1e-300)) - np.log(q_tail)), 0.0)
+    ids = ref_ids.astype(np.int64)
+    q_logp = np.take_along_axis(cand_logp, ids, -1).astype(np.float64)
+    head = (np.exp(ref_logp) * (ref_logp - q_logp)).sum(-1)
+    q_tail_logp = logsumexp_outside(cand_logp, ids)
+    p_tail_logp = ref_tail_logp.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        tail = np.where(np.isfinite(p_tail_logp), np.exp(p_tail_logp) * (p_tail_logp - q_tail_logp), 0.0)
     return head + tail
 
 
@@ -64,11 +76,13 @@ class Accumulator:
         targets = np.asarray(input_ids[1:])
         self._add(ref.argmax(-1), (np.exp(ref) * (ref - cand[:-1])).sum(-1), ref[np.arange(len(targets)), targets], cand, input_ids)
 
-    def add_top_k(self, ref_ids: np.ndarray, ref_logp: np.ndarray, ref_target_logp: np.ndarray, cand: np.ndarray,
-                  input_ids: list[int]) -> None:
-        """Like add_logprobs, against a stored reference: its top-k per position ([L, k], column 0 the argmax) and the
-        log-probability of each next token ([L-1]); KL from kl_from_top_k. cand: the candidate's [L, vocab]."""
-        self._add(ref_ids[:-1, 0], kl_from_top_k(ref_ids[:-1], ref_logp[:-1], cand[:-1]), ref_target_logp, cand, input_ids)
+    def add_top_k(self, ref_ids: np.ndarray, ref_logp: np.ndarray, ref_tail_logp: np.ndarray, ref_target_logp: np.ndarray,
+                  cand: np.ndarray, input_ids: list[int]) -> None:
+        """Like add_logprobs, against a stored reference: its top-k per position ([L, k], column 0 the argmax), the log
+        of its mass outside them ([L]) and the log-probability of each next token ([L-1]); KL from kl_from_top_k.
+        cand: the candidate's [L, vocab] log-probabilities."""
+        kl = kl_from_top_k(ref_ids[:-1], ref_logp[:-1], ref_tail_logp[:-1], cand[:-1])
+        self._add(ref_ids[:-1, 0], kl, ref_target_logp, cand, input_ids)
 
     def _add(self, ref_argmax: np.ndarray, kl: np.ndarray, ref_target_logp: np.ndarray, cand: np.ndarray,
              input_ids: list[int]) -> None:

@@ -10,7 +10,8 @@ on their device against it, without torch and without the checkpoints' FP weight
 
 What is stored, per eval sequence of L tokens:
 - the FP student's top-k log-probabilities at every position (ids and values, k = gate.reference_top_k),
-  sorted so column 0 is the argmax, and the log-probability of each next token (perplexity);
+  sorted so column 0 is the argmax, the log of the mass outside them, and the log-probability of each next
+  token (perplexity);
 - each quantized variant's fake-quantized argmax at every position (engine parity);
 and, per greedy prompt, the FP student's greedy continuation; plus the speed prompt, the stop tokens, and
 each variant's per-layer hidden-state error (computed here: it needs both torch models).
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from tasks.evaluation.metrics import logsumexp_outside
 
 REFERENCE_ARRAYS = "reference.npz"
 REFERENCE_META = "reference.json"
@@ -73,14 +76,15 @@ class HFScorer:
         return out
 
 
-def top_k(logp: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def top_k(logp: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per row, the k largest log-probabilities (ids int32, values float32), largest first, ties to the lower id
-    (so column 0 is exactly numpy's argmax)."""
+    (so column 0 is exactly numpy's argmax), and the log of the mass outside them (float32, -inf when none)."""
     k = min(k, logp.shape[-1])
     idx = np.argpartition(-logp, k - 1, axis=-1)[:, :k]
     vals = np.take_along_axis(logp, idx, -1)
     order = np.lexsort((idx, -vals), axis=-1)
-    return np.take_along_axis(idx, order, -1).astype(np.int32), np.take_along_axis(vals, order, -1).astype(np.float32)
+    idx, vals = np.take_along_axis(idx, order, -1), np.take_along_axis(vals, order, -1)
+    return idx.astype(np.int32), vals.astype(np.float32), logsumexp_outside(logp, idx).astype(np.float32)
 
 
 @dataclass
@@ -90,6 +94,7 @@ class Reference:
     seqs: list[list[int]]
     topk_ids: list[np.ndarray]
     topk_logp: list[np.ndarray]
+    tail_logp: list[np.ndarray]
     target_logp: list[np.ndarray]
     fakeq_argmax: dict[str, list[np.ndarray]]
     prompts: list[list[int]]
@@ -111,30 +116,29 @@ def compute_reference(reference_dir: Path, quantized: dict[str, Path], seqs: lis
     reference = HFScorer(reference_dir)
     fakeq = {name: HFScorer(path) for name, path in quantized.items()}
     layer_error = {name: LayerError() for name in quantized}
-    ids_k, lp_k, targets, fq_arg = [], [], [], {name: [] for name in quantized}
-    tail = []
+    ids_k, lp_k, tails, targets, fq_arg = [], [], [], [], {name: [] for name in quantized}
     for ids in seqs:
         logits, hidden = reference.with_hidden(ids)
         lp = log_softmax(logits)
-        top_ids, top_lp = top_k(lp, k)
+        top_ids, top_lp, tail_lp = top_k(lp, k)
         ids_k.append(top_ids)
         lp_k.append(top_lp)
+        tails.append(tail_lp)
         targets.append(lp[np.arange(len(ids) - 1), np.asarray(ids[1:])].astype(np.float32))
-        tail.append(1.0 - np.exp(top_lp.astype(np.float64)).sum(-1)[:-1])
         for name, scorer in fakeq.items():
             fq_logits, fq_hidden = scorer.with_hidden(ids)
             fq_arg[name].append(fq_logits.argmax(-1).astype(np.int32))
             layer_error[name].add(hidden, fq_hidden)
     continuations = [reference.greedy(p, greedy_tokens, stop_token_ids) for p in prompts]
-    tails = np.concatenate(tail) if tail else np.zeros(1)
+    mass = np.exp(np.concatenate([t[:-1] for t in tails]).astype(np.float64)) if seqs else np.zeros(1)
     info = (meta or {}) | {
         "format": REFERENCE_FORMAT, "top_k": int(min(k, lp_k[0].shape[-1])) if lp_k else k,
         "vocab": int(logits.shape[-1]) if seqs else None,
-        "tail_mass_mean": float(np.clip(tails, 0, 1).mean()), "tail_mass_max": float(np.clip(tails, 0, 1).max()),
+        "tail_mass_mean": float(mass.mean()), "tail_mass_max": float(mass.max()),
         "eval_prompts": len(seqs), "eval_positions": sum(len(s) - 1 for s in seqs),
         "layer_error": {name: e.result() for name, e in layer_error.items()},
     }
-    return Reference(seqs, ids_k, lp_k, targets, fq_arg, prompts, continuations, speed_prompt, stop_token_ids, info)
+    return Reference(seqs, ids_k, lp_k, tails, targets, fq_arg, prompts, continuations, speed_prompt, stop_token_ids, info)
 
 
 def _ragged(parts: list, dtype=np.int64) -> tuple[np.ndarray, np.ndarray]:
@@ -155,6 +159,7 @@ def save_reference(ref: Reference, out: Path) -> Path:
     arrays["seqs"], arrays["seq_lens"] = _ragged(ref.seqs)
     arrays["topk_ids"], _ = _ragged(ref.topk_ids, np.int32)
     arrays["topk_logp"], _ = _ragged(ref.topk_logp, np.float32)
+    arrays["tail_logp"], _ = _ragged(ref.tail_logp, np.float32)
     arrays["target_logp"], _ = _ragged(ref.target_logp, np.float32)
     arrays["prompts"], arrays["prompt_lens"] = _ragged(ref.prompts)
     arrays["continuations"], arrays["continuation_lens"] = _ragged(ref.continuations)
@@ -181,6 +186,7 @@ def load_reference(path: Path) -> Reference:
         seqs=[s.tolist() for s in _split(a["seqs"], lens)],
         topk_ids=_split(a["topk_ids"], lens),
         topk_logp=_split(a["topk_logp"], lens),
+        tail_logp=_split(a["tail_logp"], lens),
         target_logp=_split(a["target_logp"], lens - 1),
         fakeq_argmax={name: _split(a[f"fakeq_{i}"], lens) for i, name in enumerate(meta["fakeq_variants"])},
         prompts=[p.tolist() for p in _split(a["prompts"], a["prompt_lens"])],

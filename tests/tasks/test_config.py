@@ -75,3 +75,28 @@ def test_placement_does_not_change_a_stage_cache_key():
     ctx = SimpleNamespace(task=SimpleNamespace(name="quantize_variant"))
     assert content_key(ctx, {"recipe": {"a": 1}, "slot": 0}) == content_key(ctx, {"recipe": {"a": 1}, "slot": 3})
     assert content_key(ctx, {"recipe": {"a": 1}, "slot": 0}) != content_key(ctx, {"recipe": {"a": 2}, "slot": 0})
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO_ROOT / "configs").glob("*.yaml")))
+def test_a_release_s_resolved_profile_is_the_same_profile_on_another_host(name, monkeypatch):
+    """ReleaseContext.settings validated again where the profile's files do not exist gives the same profile."""
+    from tasks import config
+
+    p = load_profile(REPO_ROOT / "configs" / name)
+    monkeypatch.setattr(config, "REPO_ROOT", Path("/nonexistent-checkout"))
+    assert config.Profile.model_validate(p.settings(), context={"resolved": True}) == p
+    with pytest.raises(ValidationError, match="files named by the profile do not exist"):
+        config.Profile.model_validate(p.settings())
+
+
+def test_placement_names_every_stage_and_refuses_what_is_not_a_pool(tmp_path):
+    from tasks.config import STAGES
+
+    p = load_profile(REPO_ROOT / "configs" / "production-a100-orin.yaml")
+    assert set(p.placement.pooled()) == set(STAGES)  # production places every stage on a pool
+    assert p.placement.where("build_engine") == p.placement.where("consistency") == "orin"  # the gate runs where the engine runs
+    assert load_profile(REPO_ROOT / "configs" / "demo-cpu.yaml").placement.pooled() == {}
+    with pytest.raises(ValidationError, match="placement.distill='a100 pool' is not `inline` or a work-pool name"):
+        load_profile(_profile(tmp_path, lambda d: d.update(placement={"distill": "a100 pool"})))
+    with pytest.raises(ValidationError, match="placement.gate_refrence"):
+        load_profile(_profile(tmp_path, lambda d: d.update(placement={"gate_refrence": "a100"})))
