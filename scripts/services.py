@@ -6,7 +6,13 @@
 
 Ports and places come from the environment: EDGEFLOW_HOME (.edgeflow), EDGEFLOW_PREFECT_PORT (4200),
 EDGEFLOW_MLFLOW_PORT (5055), EDGEFLOW_POOLS (a100,orin,cpu); EDGEFLOW_SCHEDULES=off pauses every
-deployment schedule after deploying (the tests' services).
+deployment schedule after deploying (the tests' services); EDGEFLOW_WORKERS=off starts the servers, pools and
+deployments but no worker (each host starts its own: README, "Running across hosts").
+
+Flow runs send a heartbeat every PREFECT_FLOWS_HEARTBEAT_FREQUENCY (30 s), and `up` creates the automation
+"edgeflow: crash zombie flow runs", which marks a run Crashed when its heartbeats stop for ZOMBIE_AFTER_S
+(a worker killed or a device lost power mid-stage). The release waiting on that stage then fails, and a
+Retry resumes it from the stages whose results are cached.
 
 EDGEFLOW_RESULT_STORAGE says where Prefect keeps task and flow results (what a Retry and a cross-host
 `state.result()` read): a directory, which several hosts must mount at the same path, or a storage block
@@ -49,6 +55,8 @@ def service_env(s: dict[str, str] | None = None) -> dict[str, str]:
         "PREFECT_UI_URL": f"http://127.0.0.1:{s['prefect_port']}",
         # Results persist so that a retried release skips stages whose inputs did not change.
         "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "true",
+        # Heartbeats drive the zombie automation (see the module docstring); 30 s is Prefect's minimum.
+        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{s['mlflow_port']}",
         "HF_HUB_OFFLINE": "1",
@@ -71,6 +79,46 @@ def result_storage_env(spec: str | None, home: Path) -> dict[str, str]:
                 "PREFECT_LOCAL_STORAGE_PATH": str(home / "prefect" / "storage")}
     path = Path(spec).expanduser().resolve() if spec else home / "prefect" / "storage"
     return {"PREFECT_LOCAL_STORAGE_PATH": str(path)}
+
+
+ZOMBIE_AUTOMATION = "edgeflow: crash zombie flow runs"
+# No heartbeat for this long after the last one: the run's process is gone (two missed 30 s beats, plus slack).
+ZOMBIE_AFTER_S = 90
+
+
+def ensure_zombie_automation(env: dict[str, str]) -> None:
+    """Create (once) the automation that marks a flow run Crashed when its heartbeats stop, as Prefect documents for
+    self-hosted servers ("Detect zombie flows")."""
+    code = f"""
+from datetime import timedelta
+from prefect.automations import Automation
+from prefect.client.schemas.objects import StateType
+from prefect.events.actions import ChangeFlowRunState
+from prefect.events.schemas.automations import EventTrigger, Posture
+from prefect.events.schemas.events import ResourceSpecification
+name = {ZOMBIE_AUTOMATION!r}
+try:
+    Automation.read(name=name)
+except ValueError:
+    Automation(
+        name=name,
+        trigger=EventTrigger(
+            after={{"prefect.flow-run.heartbeat"}},
+            expect={{"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Failed",
+                     "prefect.flow-run.Cancelled", "prefect.flow-run.Crashed"}},
+            match=ResourceSpecification({{"prefect.resource.id": ["prefect.flow-run.*"]}}),
+            for_each={{"prefect.resource.id"}},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=timedelta(seconds={ZOMBIE_AFTER_S}),
+        ),
+        actions=[ChangeFlowRunState(state=StateType.CRASHED, message="No heartbeat for {ZOMBIE_AFTER_S} s: the flow run's "
+                                    "process is gone (worker killed, host lost). Retry the release to resume it.")],
+    ).create()
+"""
+    r = subprocess.run([sys.executable, "-c", code], env=os.environ | env, cwd=REPO, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"creating the automation {ZOMBIE_AUTOMATION!r} failed:\n{r.stderr[-2000:]}")
 
 
 def _answers(url: str) -> bool:
@@ -126,8 +174,11 @@ def up() -> None:
             subprocess.run([str(BIN / "prefect"), "work-pool", "create", pool, "--type", "process"], env=os.environ | env,
                            check=True, capture_output=True, cwd=REPO)
         pidfile = home / "run" / f"worker-{pool}.pid"
+        if os.environ.get("EDGEFLOW_WORKERS", "on") == "off":
+            continue
         if not (pidfile.exists() and _alive(int(pidfile.read_text()))):
             _spawn(f"worker-{pool}", [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--name", f"local-{pool}"], env, home)
+    ensure_zombie_automation(env)
     r = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env=os.environ | env, cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"prefect deploy --all failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")

@@ -80,10 +80,11 @@ def collect_traffic(
 
 def derive_profile(profile: Profile, snapshot: Path, out: Path) -> Path:
     """The profile with `nightly.domain`'s calibration source replaced by the snapshot, written as YAML."""
-    data = profile.model_dump(mode="json")
+    data = profile.settings()  # the fields as written: a default dumped as if set would trip "both set" checks
     domain = profile.nightly.domain  # a known calibration domain: the profile validator checked it
     data["name"] = f"{profile.name}-nightly"
-    data["calibration"]["sources"][domain] = str(Path(snapshot).resolve())
+    sources = data.setdefault("calibration", {}).setdefault("sources", dict(profile.calibration.sources))
+    sources[domain] = str(Path(snapshot).resolve())
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     return out
