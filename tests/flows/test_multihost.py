@@ -81,14 +81,20 @@ class Host:
         }
         self.proc: subprocess.Popen | None = None
 
+    def _enter(self, *cmd: str) -> list[str]:
+        """`cmd` as this host's user, in a mount namespace of its own (see HOST_ENTRY)."""
+        base, hidden = python_prefix_view()
+        return ["unshare", "-m", "--propagation", "private", "bash", "-c", HOST_ENTRY, "_", base, hidden,
+                str(self.uid), str(self.gid), *cmd]
+
     def as_user(self, *cmd: str) -> subprocess.CompletedProcess:
-        return _run("setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups", *cmd, env=self.env)
+        return _run(*self._enter(*cmd), env=self.env)
 
     def start_worker(self) -> None:
         log = open(BASE / "logs" / f"worker-{self.pool}.log", "ab")
         self.proc = subprocess.Popen(
-            ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups", "bash", "-c", 'umask 002; exec "$@"', "_",
-             str(Path(sys.executable).parent / "prefect"), "worker", "start", "--pool", self.pool, "--name", f"host-{self.pool}"],
+            self._enter(str(Path(sys.executable).parent / "prefect"), "worker", "start", "--pool", self.pool,
+                        "--name", f"host-{self.pool}"),
             env=self.env, cwd=self.checkout, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
 
@@ -110,6 +116,30 @@ class Host:
 
     def cache_holds(self, sha256: str) -> bool:
         return (self.edgeflow_home / "cache" / "artifacts" / sha256).is_dir()
+
+
+# Runs as root in a fresh mount namespace, then becomes the host's user. The shared venv's interpreter may live under
+# a directory other users cannot enter (pyenv under /root, mode 0700): the namespace covers that directory with an
+# empty tmpfs and binds only the interpreter's prefix back in, so the host sees Python and nothing else of it.
+HOST_ENTRY = r"""
+set -e
+base=$1 hidden=$2 uid=$3 gid=$4; shift 4
+if [ -n "$hidden" ]; then
+  stash=$(mktemp -d)
+  mount --bind "$base" "$stash"
+  mount -t tmpfs -o mode=0755 tmpfs "$hidden"
+  mkdir -p "$base"
+  mount --bind "$stash" "$base"
+fi
+exec setpriv --reuid="$uid" --regid="$gid" --init-groups bash -c 'umask 002; exec "$@"' _ "$@"
+"""
+
+
+def python_prefix_view() -> tuple[str, str]:
+    """(the interpreter's prefix, its outermost ancestor that others cannot enter, or "" when there is none)."""
+    base = Path(sys.base_prefix).resolve()
+    closed = [p for p in [base, *base.parents] if p != Path("/") and not p.stat().st_mode & 0o001]
+    return str(base), str(closed[-1]) if closed else ""
 
 
 def _online_workers(pool: str) -> list[str]:
@@ -265,7 +295,7 @@ def test_a_stage_killed_mid_build_resumes_on_retry_without_rerunning_upstream_st
     import yaml
     from mlflow import MlflowClient
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.states import Scheduled
+    from prefect.states import AwaitingRetry
     from prefect.deployments import run_deployment
 
     from tests.flows.test_release_e2e import stage_flow_runs
@@ -312,7 +342,7 @@ def test_a_stage_killed_mid_build_resumes_on_retry_without_rerunning_upstream_st
 
     async def retry():
         async with get_client() as client:
-            await client.set_flow_run_state(fr.id, Scheduled(name="AwaitingRetry", message="Retry after kill -9"), force=True)
+            await client.set_flow_run_state(fr.id, AwaitingRetry(message="Retry after kill -9"), force=True)
 
     asyncio.run(retry())
     deadline = time.monotonic() + 1500

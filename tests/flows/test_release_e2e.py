@@ -310,6 +310,36 @@ def test_a_placement_the_server_cannot_honour_fails_before_any_compute(services,
     assert not c.search_runs([exp.experiment_id], f"tags.`edgeflow.prefect_flow_run_id` = '{fr.id}'")  # nothing started
 
 
+def test_an_unchanged_rerun_is_cached_and_an_edited_recipe_recomputes_exactly_what_reads_it(services, tmp_path):
+    """Stage cache keys hold the content of what a stage reads, not where it lies: the release on a copy of its recipe
+    elsewhere is fully cached; editing that copy in place recomputes the variant's quantization and what depends on
+    it, and nothing else."""
+    import yaml
+    from mlflow import MlflowClient
+    from prefect.deployments import run_deployment
+
+    recipe = tmp_path / "gptq.yaml"
+    recipe.write_text((REPO / "deployments" / "recipes" / "gptq-w4a16-sym.yaml").read_text())
+    data = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
+    data["quantize"]["variants"][1]["recipe"] = str(recipe)
+    path = tmp_path / "copy.yaml"
+    path.write_text(yaml.safe_dump(data))
+    c = MlflowClient(services["MLFLOW_TRACKING_URI"])
+
+    before = _stage_runs(c)
+    fr = run_deployment("release/release", parameters={"profile": str(path), "deploy": "none"}, timeout=1800)
+    assert fr.state.is_completed(), fr.state.message
+    assert _stage_runs(c) == before, "an unchanged release recomputed a stage"
+
+    recipe.write_text(recipe.read_text().replace("dampening_frac: 0.01", "dampening_frac: 0.02"))  # in place
+    fr = run_deployment("release/release", parameters={"profile": str(path), "deploy": "none"}, timeout=1800)
+    assert fr.state.is_completed(), fr.state.message
+    after = _stage_runs(c)
+    changed = {s for s in after if after[s] != before.get(s, 0)}
+    assert changed == {"quantize-gptq-w4a16", "build-engine-gptq-w4a16", "gate-reference", "consistency", "register"}, changed
+    assert all(after[s] == before.get(s, 0) + 1 for s in changed)
+
+
 def test_gate_nobody_can_pass_keeps_aliases_recalibrates_and_reports(services, tmp_path):
     import yaml
     from mlflow import MlflowClient

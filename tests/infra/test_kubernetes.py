@@ -212,9 +212,12 @@ def test_each_deployment_renders_on_its_kubernetes_pool(dep):
         cpus = str(limits["cpu"])
         cpus = float(cpus[:-1]) / 1000 if cpus.endswith("m") else float(cpus)
         assert int(env["OMP_NUM_THREADS"]) <= max(cpus, 1), "more OpenMP threads than the CPU limit"
-    # The deployments' pull step reads environment variables ({{ $EDGEFLOW_REPO }}): the job must set them.
-    pulled = {p.name.removeprefix("$") for p in find_placeholders(json.dumps(_prefect_yaml().get("pull"))) if p.type is PlaceholderType.ENV_VAR}
-    assert pulled and pulled <= env.keys(), f"pull step needs {sorted(pulled - env.keys())}"
+    # The deployments' pull step (tasks/checkout.py) enters $EDGEFLOW_REPO at run time: the job must set it, to
+    # the image's checkout (a checkout holds prefect.yaml, which enter_checkout looks for).
+    assert _prefect_yaml()["pull"] == [{"tasks.checkout.enter_checkout": {}}]
+    assert env["EDGEFLOW_REPO"] == container(manifest)["workingDir"]
+    placeholders = {p.name for p in find_placeholders(json.dumps(_prefect_yaml().get("pull"))) if p.type is PlaceholderType.ENV_VAR}
+    assert not placeholders, f"{placeholders}: `prefect deploy` fills these on the deploying host, not on the worker"
 
 
 def test_volume_claims_are_valid():
