@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
@@ -28,6 +28,10 @@ class TeacherConfig(_Strict):
 
 class DistillConfig(_Strict):
     """Distillation: how the student is made from the teacher, trained, checkpointed and watched."""
+
+    # Paths whose content reaches the stage as published references (tasks/runs.py:_stable leaves them out of
+    # cache keys): a copy of the same files elsewhere is the same input, an edit in place is a new one.
+    CACHE_EXCLUDE: ClassVar[frozenset[str]] = frozenset({"corpora", "student_from"})
 
     # --- student construction
     keep_every_k: int = Field(
@@ -179,6 +183,8 @@ class DistillConfig(_Strict):
 class CalibrationConfig(_Strict):
     """How the calibration set is drawn; `for_attempt` derives a bounded recalibration's variant."""
 
+    CACHE_EXCLUDE: ClassVar[frozenset[str]] = frozenset({"sources"})  # their content comes as references
+
     sources: dict[str, str] = Field(
         default={
             "chat": "data/corpora/chat.jsonl",
@@ -215,6 +221,7 @@ class CalibrationConfig(_Strict):
 
 
 class VariantConfig(_Strict):
+    CACHE_EXCLUDE: ClassVar[frozenset[str]] = frozenset({"recipe"})  # the quantize task gets the recipe's content
     name: str = Field(description="Variant name used in reports and the registry (e.g. awq-w4a16).")
     recipe: str = Field(description="llm-compressor recipe YAML, relative to the repo; passed through unchanged.")
     calibration_samples: int | None = Field(
@@ -245,6 +252,7 @@ class EngineConfig(_Strict):
 
 
 class GateConfig(_Strict):
+    CACHE_EXCLUDE: ClassVar[frozenset[str]] = frozenset({"eval_sources"})  # their content comes as references
     eval_sources: dict[str, str] = Field(
         default={"chat": "data/eval/chat.jsonl", "wiki": "data/eval/wiki.jsonl", "math": "data/eval/math.jsonl"},
         description="Held-out evaluation files per domain; must not overlap the calibration set.",

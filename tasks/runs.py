@@ -55,13 +55,15 @@ class ReleaseContext(BaseModel):
 
 
 def _stable(value: Any) -> Any:
-    """What of a task input identifies its content: refs by hash (not by run id or path), models by fields."""
+    """What of a task input identifies its content: refs by hash (not by run id or path), models by fields (less
+    the paths a config lists in CACHE_EXCLUDE, whose content the task receives as references)."""
     if isinstance(value, ArtifactRef):
         return {"kind": value.kind, "sha256": value.sha256}
     if isinstance(value, ReleaseContext):
         return None  # which release asks does not change what a stage computes
     if isinstance(value, BaseModel):
-        return _stable(value.model_dump())
+        # a config's file paths whose content the task receives as references are not part of what it computes
+        return _stable(value.model_dump(exclude=set(getattr(value, "CACHE_EXCLUDE", ()))))
     if isinstance(value, dict):
         return {k: _stable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

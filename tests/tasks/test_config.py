@@ -100,3 +100,26 @@ def test_placement_names_every_stage_and_refuses_what_is_not_a_pool(tmp_path):
         load_profile(_profile(tmp_path, lambda d: d.update(placement={"distill": "a100 pool"})))
     with pytest.raises(ValidationError, match="placement.gate_refrence"):
         load_profile(_profile(tmp_path, lambda d: d.update(placement={"gate_refrence": "a100"})))
+
+
+def test_cache_keys_hold_what_a_stage_reads_not_where_its_files_lie():
+    from types import SimpleNamespace
+
+    from tasks.artifacts import ArtifactRef
+    from tasks.config import DistillConfig, GateConfig, VariantConfig
+    from tasks.runs import content_key
+
+    ctx = SimpleNamespace(task=SimpleNamespace(name="quantize_variant"))
+    ref = ArtifactRef(kind="input", uri="mlflow-artifacts:/1/r/artifacts/inputs/x/chat.jsonl", sha256="a" * 64)
+
+    def key(**params):
+        return content_key(ctx, params)
+
+    here, there = VariantConfig(name="gptq", recipe="deployments/recipes/a.yaml"), VariantConfig(name="gptq", recipe="/tmp/a.yaml")
+    assert key(variant=here, recipe={"a": 1}) == key(variant=there, recipe={"a": 1})
+    assert key(variant=here, recipe={"a": 1}) != key(variant=here, recipe={"a": 2})  # the recipe's content is
+    assert key(cfg=DistillConfig(corpora=["x.jsonl"]), corpora=[ref]) == key(cfg=DistillConfig(corpora=["/y/x.jsonl"]), corpora=[ref])
+    edited = ref.model_copy(update={"sha256": "b" * 64})  # the same file, edited in place
+    assert key(cfg=DistillConfig(), corpora=[ref]) != key(cfg=DistillConfig(), corpora=[edited])
+    assert key(gate=GateConfig(eval_sources={"chat": "a.jsonl"})) == key(gate=GateConfig(eval_sources={"chat": "b.jsonl"}))
+    assert key(gate=GateConfig(max_mean_kl=0.1)) != key(gate=GateConfig(max_mean_kl=0.2))
