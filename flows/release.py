@@ -68,7 +68,8 @@ def publish_inputs(client, run_id: str, p) -> dict[str, ArtifactRef]:
     refs = {}
     for path in dict.fromkeys(p.input_files().values()):
         local = p.resolve(path)
-        refs[path] = publish(client, run_id, local, f"inputs/{sha256_tree(local)[:16]}", "input", meta={"profile_path": path})
+        sha = sha256_tree(local)
+        refs[path] = publish(client, run_id, local, f"inputs/{sha[:16]}", "input", meta={"profile_path": path}, sha256=sha)
     return refs
 
 
@@ -129,6 +130,7 @@ def write_report(
         "gate": gate["thresholds"],
         "eval_prompts": gate["eval_prompts"],
         "eval_positions": gate["eval_positions"],
+        "gate_reference": gate["reference"],
         # .get: a student cached by an older release may lack the newer evaluation keys; the report shows what it has
         "student": {k: s.get(k) for k in ("student_top1_vs_teacher", "student_kl_vs_teacher", "teacher_ppl", "student_ppl",
                                           "student_ppl_before_training", "student_top1_before_training",

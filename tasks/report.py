@@ -45,6 +45,9 @@ def markdown(report: dict) -> str:
         f"Gate: top-1 agreement ≥ {g['min_top1_agreement']}, mean KL ≤ {g['max_mean_kl']}, perplexity increase ≤ "
         f"{g['max_ppl_increase']:.0%}, engine parity ≥ {g['min_engine_parity']}; measured on the built engines over "
         f"{report['eval_prompts']} held-out prompts ({report['eval_positions']} positions) against the full-precision student."
+        + (f" KL over the reference's top-{r['top_k']} tokens per position plus one bucket for the rest, which held "
+           f"{r['tail_mass_mean']:.2%} of its mass on average (0: exact; else a lower bound)."
+           if (r := report.get("gate_reference")) else "")
         + (f" Greedy exact match ≥ {g['min_greedy_exact_match']:.0%}." if g.get("min_greedy_exact_match") is not None else "")
         + f" top1_last: agreement at each prompt's last position; greedy_exact: share of {g.get('greedy_prompts', 0)} prompts whose "
         f"greedy {g.get('greedy_tokens', 32)}-token continuation equals the reference's; engine_precision 'fp32 (dequantized)': "

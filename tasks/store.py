@@ -49,14 +49,16 @@ def _tracking_uri() -> str:
     return tracking_uri()
 
 
-def publish(client: Any, run_id: str, local: Path, artifact_path: str, kind: str, meta: dict | None = None) -> ArtifactRef:
+def publish(client: Any, run_id: str, local: Path, artifact_path: str, kind: str, meta: dict | None = None,
+            sha256: str | None = None) -> ArtifactRef:
     """Log a file or directory to `run_id` under `artifact_path` and return its store reference.
 
     A directory is logged as `<artifact_path>` itself; a file as `<artifact_path>/<file name>`. The
-    reference's sha256 is the file's hash, or the tree hash of the directory (its edgeflow manifest excluded).
+    reference's sha256 is the file's hash, or the tree hash of the directory (its edgeflow manifest excluded);
+    pass it when the caller has just computed it.
     """
     local = Path(local)
-    sha = sha256_tree(local)
+    sha = sha256 or sha256_tree(local)
     base = client.get_run(run_id).info.artifact_uri.rstrip("/")
     if local.is_dir():
         client.log_artifacts(run_id, str(local), artifact_path)
@@ -84,18 +86,37 @@ def _copy_tree(src: Path, dst: Path) -> None:
         link_or_copy(src, dst)
 
 
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _install(staged: Path, dest: Path) -> Path:
+    """Move a staged copy into the cache as `dest` in one rename; a copy another process put there first wins
+    (same sha256, same content). One sha256 may be cached under several names (a file published twice)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(staged, dest)
+    except OSError:
+        if not dest.exists():
+            raise
+        _remove(staged)
+    return dest
+
+
 def seed(local: Path, sha: str, name: str) -> Path:
     """Put what this host just produced into its own cache under its hash (no download for a local consumer)."""
     dest = cache_root() / sha / name
     if dest.exists():
         return dest
     tmp = cache_root() / f".seed-{sha[:16]}-{uuid.uuid4().hex[:8]}"
-    _copy_tree(local, tmp / name)
     try:
-        os.rename(tmp, dest.parent)
-    except OSError:  # another process seeded or downloaded it first
+        _copy_tree(local, tmp / name)
+        return _install(tmp / name, dest)
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return dest
 
 
 def materialize(ref: ArtifactRef) -> Path:
@@ -109,14 +130,11 @@ def materialize(ref: ArtifactRef) -> Path:
             f"{ref.kind} artifact uri={ref.uri!r} is not an artifact-store URI ({', '.join(STORE_SCHEMES)}): a path is only "
             "readable on the host that wrote it. Stages hand on what tasks.store.publish returns; re-run the producing stage."
         )
-    name = ref.name
-    entry = cache_root() / ref.sha256
-    dest = entry / name
+    dest = cache_root() / ref.sha256 / ref.name
     if dest.exists():
         if sha256_tree(dest) == ref.sha256:
             return dest
-        # a cached copy changed after it was verified (edited in place, disk fault): fetch it again
-        shutil.rmtree(entry, ignore_errors=True)
+        _remove(dest)  # a cached copy changed after it was verified (edited in place, disk fault): fetch it again
     tmp = cache_root() / f".download-{ref.sha256[:16]}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
     try:
@@ -128,15 +146,9 @@ def materialize(ref: ArtifactRef) -> Path:
                 f"the reference's {ref.sha256}; the store's copy was changed or damaged after the run logged it. Re-run the "
                 "stage that produced it (Retry recomputes it once its cached result is refreshed)."
             )
-        if local != tmp / name:
-            os.rename(local, tmp / name)
-        try:
-            os.rename(tmp, entry)
-        except OSError:  # a concurrent materialize won; its copy is verified the same way
-            pass
+        return _install(local, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return dest
 
 
 def _download(ref: ArtifactRef, dst: Path) -> str:

@@ -91,6 +91,10 @@ def test_release_deployment_registers_stages_and_serves(services, tmp_path):
     # plots: three PNGs next to the report, linked from the markdown
     md = (REPO / "reports" / f"{report['release_id']}.md").read_text()
     assert set(report["plots"]) == {"layer_error", "agreement_histogram", "kl_distribution"}
+    # the gate's KL came from the stored FP reference; the report says how much of its mass the top-k left out
+    ref = report["gate_reference"]
+    assert ref["top_k"] == profile.gate.reference_top_k and 0 <= ref["tail_mass_mean"] < 1
+    assert f"KL over the reference's top-{ref['top_k']} tokens per position" in md
     for rel in report["plots"].values():
         assert (REPO / "reports" / rel).read_bytes()[:4] == b"\x89PNG" and f"]({rel})" in md
     saved = json.loads((REPO / "reports" / f"{report['release_id']}.json").read_text())

@@ -125,3 +125,20 @@ def test_an_unreachable_tracking_server_fails_naming_the_uri_and_the_fix():
     url = f"http://127.0.0.1:{_free_port()}"
     with pytest.raises(ConnectionError, match=f"MLFLOW_TRACKING_URI={url} does not answer.*make services"):
         check_reachable(url)
+
+
+def test_the_same_content_published_under_two_names_is_cached_under_both(run, tmp_path, monkeypatch):
+    """A recipe copied elsewhere (same bytes, another file name) hashes the same: each name gets its own cache entry."""
+    from tasks.store import materialize, publish
+
+    c, run_id = run
+    a, b = tmp_path / "gptq-w4a16-sym.yaml", tmp_path / "b" / "gptq.yaml"
+    b.parent.mkdir()
+    a.write_text("quant_stage: {}\n")
+    b.write_text("quant_stage: {}\n")
+    ra, rb = publish(c, run_id, a, "inputs/a", "input"), publish(c, run_id, b, "inputs/b", "input")
+    assert ra.sha256 == rb.sha256
+    assert materialize(ra).name == "gptq-w4a16-sym.yaml" and materialize(rb).name == "gptq.yaml"  # seeded on this host
+    _other_host(monkeypatch, tmp_path, "consumer")
+    assert materialize(rb).read_text() == materialize(ra).read_text() == "quant_stage: {}\n"
+    assert materialize(ra).parent == materialize(rb).parent
