@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-BASE = REPO / ".edgeflow" / "multihost"
+# Outside the checkout: a clone may sit under a directory other users cannot enter (/root). /var/tmp is 1777.
+BASE = Path(os.environ.get("EDGEFLOW_TEST_HOSTS_DIR", "/var/tmp/edgeflow-hosts"))
 HOSTS = ("a100", "orin", "cpu")
 GROUP = "edgeflow-hosts"
 PROFILE = "configs/test-multihost.yaml"
@@ -82,9 +83,9 @@ class Host:
         self.proc: subprocess.Popen | None = None
 
     def _enter(self, *cmd: str) -> list[str]:
-        """`cmd` as this host's user, in a mount namespace of its own (see HOST_ENTRY)."""
-        base, hidden = python_prefix_view()
-        return ["unshare", "-m", "--propagation", "private", "bash", "-c", HOST_ENTRY, "_", base, hidden,
+        """`cmd` as this host's user, in a mount namespace of its own (see namespace_script)."""
+        keep = [Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()]  # the interpreter and the shared venv
+        return ["unshare", "-m", "--propagation", "private", "bash", "-c", namespace_script(keep), "_",
                 str(self.uid), str(self.gid), *cmd]
 
     def as_user(self, *cmd: str) -> subprocess.CompletedProcess:
@@ -118,28 +119,28 @@ class Host:
         return (self.edgeflow_home / "cache" / "artifacts" / sha256).is_dir()
 
 
-# Runs as root in a fresh mount namespace, then becomes the host's user. The shared venv's interpreter may live under
-# a directory other users cannot enter (pyenv under /root, mode 0700): the namespace covers that directory with an
-# empty tmpfs and binds only the interpreter's prefix back in, so the host sees Python and nothing else of it.
-HOST_ENTRY = r"""
-set -e
-base=$1 hidden=$2 uid=$3 gid=$4; shift 4
-if [ -n "$hidden" ]; then
-  stash=$(mktemp -d)
-  mount --bind "$base" "$stash"
-  mount -t tmpfs -o mode=0755 tmpfs "$hidden"
-  mkdir -p "$base"
-  mount --bind "$stash" "$base"
-fi
-exec setpriv --reuid="$uid" --regid="$gid" --init-groups bash -c 'umask 002; exec "$@"' _ "$@"
-"""
+def namespace_script(keep: list[Path]) -> str:
+    """Bash run as root in a fresh mount namespace, then as the host's user ($1 uid, $2 gid, then the command).
 
-
-def python_prefix_view() -> tuple[str, str]:
-    """(the interpreter's prefix, its outermost ancestor that others cannot enter, or "" when there is none)."""
-    base = Path(sys.base_prefix).resolve()
-    closed = [p for p in [base, *base.parents] if p != Path("/") and not p.stat().st_mode & 0o001]
-    return str(base), str(closed[-1]) if closed else ""
+    The shared interpreter and venv may live under a directory other users cannot enter (pyenv under /root, mode
+    0700; a clone under /root). The namespace covers each such directory with an empty tmpfs and binds back only
+    the paths in `keep`, so the host sees Python and the venv and nothing else of it.
+    """
+    hidden: dict[Path, list[Path]] = {}
+    for k in dict.fromkeys(keep):
+        closed = [p for p in [k, *k.parents] if p != Path("/") and not p.stat().st_mode & 0o001]
+        if closed:
+            hidden.setdefault(closed[-1], []).append(k)
+    lines = ["set -e"]
+    for i, (cover, paths) in enumerate(sorted(hidden.items())):
+        for j, k in enumerate(paths):
+            lines.append(f"mkdir -p /tmp/.edgeflow-ns-$$-{i}-{j} && mount --bind '{k}' /tmp/.edgeflow-ns-$$-{i}-{j}")
+        lines.append(f"mount -t tmpfs -o mode=0755 tmpfs '{cover}'")
+        for j, k in enumerate(paths):
+            lines.append(f"mkdir -p '{k}' && mount --bind /tmp/.edgeflow-ns-$$-{i}-{j} '{k}'")
+    lines.append('uid=$1 gid=$2; shift 2')
+    lines.append('exec setpriv --reuid="$uid" --regid="$gid" --init-groups bash -c \'umask 002; exec "$@"\' _ "$@"')
+    return "\n".join(lines) + "\n"
 
 
 def _online_workers(pool: str) -> list[str]:
@@ -165,6 +166,7 @@ def hosts(teacher_dir):
     subprocess.run([sys.executable, "scripts/services.py", "down"], cwd=REPO, env=os.environ | servers_env, check=False)
     shutil.rmtree(BASE, ignore_errors=True)
     (BASE / "logs").mkdir(parents=True)
+    BASE.chmod(0o755)
     (BASE / "servers").mkdir(mode=0o700)
     _run("groupadd", "-f", GROUP, check=True)
     results = BASE / "results"  # the configured result storage: one directory every host mounts at the same path
