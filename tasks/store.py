@@ -66,8 +66,9 @@ def publish(client: Any, run_id: str, local: Path, artifact_path: str, kind: str
     else:
         client.log_artifact(run_id, str(local), artifact_path)
         uri = f"{base}/{artifact_path}/{local.name}"
-    seed(local, sha, uri.rstrip("/").rsplit("/", 1)[-1])  # under the store's name: a consumer here sees what a download would give
-    return ArtifactRef(kind=kind, uri=uri, sha256=sha, mlflow_run_id=run_id, meta=meta or {})
+    ref = ArtifactRef(kind=kind, uri=uri, sha256=sha, mlflow_run_id=run_id, meta=meta or {})
+    seed(local, sha, ref.name)  # under the store's name: a consumer on this host sees what a download would give
+    return ref
 
 
 def link_or_copy(src: str | Path, dst: str | Path) -> None:
