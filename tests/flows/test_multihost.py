@@ -178,7 +178,15 @@ def hosts(teacher_dir):
     svc["PREFECT_LOCAL_STORAGE_PATH"] = str(results)
     saved = {k: os.environ.get(k) for k in svc}
     os.environ.update(svc)
+    # Prefect reads its settings once, at import: point this process's clients at these servers explicitly (else they
+    # start an ephemeral server of their own, which outlives this module)
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    with temporary_settings(updates={PREFECT_API_URL: svc["PREFECT_API_URL"]}):
+        yield from _hosts(svc, results, servers_env, saved)
+
+
+def _hosts(svc: dict, results: Path, servers_env: dict, saved: dict):
     hosts = {pool: Host(pool, svc, results) for pool in HOSTS}
     a100 = hosts["a100"]
     for h in hosts.values():

@@ -33,7 +33,12 @@ def services(tmp_path_factory, teacher_dir):
     svc = service_env({"home": str(home), "prefect_port": env["EDGEFLOW_PREFECT_PORT"], "mlflow_port": env["EDGEFLOW_MLFLOW_PORT"], "pools": ""})
     saved = {k: os.environ.get(k) for k in svc}
     os.environ.update(svc)
-    yield svc
+    # Prefect reads its settings once, at import: without this the clients here would start an "ephemeral" server
+    # of their own (on whatever PREFECT_HOME the environment named first) instead of talking to this one.
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: svc["PREFECT_API_URL"]}):
+        yield svc
     from tasks.config import load_profile
     from tasks.deploy import stop_device
 
