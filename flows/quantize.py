@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from prefect import flow, task, unmapped
 
-from flows.stages import enter_stage
+from flows.stages import enter_stage, refreshed_if_missing
 from tasks.artifacts import ArtifactRef, sha256_json
 from tasks.config import VariantConfig
 from tasks.runs import ReleaseContext, content_key, stage_run
@@ -43,7 +43,7 @@ def quantize_variant(
 def quantize(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef, attempt: int = 0) -> list[ArtifactRef]:
     """Student and calibration set in, one compressed checkpoint per variant out."""
     from tasks.quantize import load_recipe
-    from tasks.store import in_store, materialize
+    from tasks.store import materialize
 
     enter_stage(ctx, "quantize")
     p = ctx.resolved()
@@ -64,8 +64,7 @@ def quantize(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef
             list(range(len(variants[batch]))),
         )
         for i, ref in enumerate(futures.result()):
-            if not in_store(ref):  # a cached result whose checkpoint the store lost: quantize it again (flows/stages.py:stored)
-                ref = quantize_variant.with_options(refresh_cache=True)(
-                    student, calibration, variants[start + i], recipes[start + i], ctx, attempt, i)
-            refs.append(ref)
+            # a cached result whose checkpoint the store lost is quantized again
+            refs.append(refreshed_if_missing(ref, quantize_variant, student, calibration, variants[start + i],
+                                             recipes[start + i], ctx, attempt, i))
     return refs

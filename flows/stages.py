@@ -103,9 +103,14 @@ def stored(task_fn, *args, **kwargs):
     A Prefect cache hit returns the references the first run produced. Should the store have lost one (a bucket
     lifecycle rule, a wiped tracking server), handing it on would fail the next stage; refresh instead.
     """
+    return refreshed_if_missing(task_fn(*args, **kwargs), task_fn, *args, **kwargs)
+
+
+def refreshed_if_missing(out, task_fn, *args, **kwargs):
+    """`out`, a task's result (a reference or a list of them), unless the store lost one of its artifacts: then the
+    task is called again with refresh_cache, and that result is returned."""
     from tasks.store import in_store
 
-    out = task_fn(*args, **kwargs)
     refs = out if isinstance(out, list) else [out]
     missing = [r.uri for r in refs if r is not None and not in_store(r)]
     if not missing:
