@@ -15,8 +15,14 @@ server and the consistency gate never branch on hardware:
         so upgrading edgeflow or the runtime rebuilds engines instead of reusing ones it would refuse.
     load(engine_dir: Path) -> Any
         Check compatibility, then load; returns an opaque session handle.
-    generate(session, input_ids: list[int], max_new_tokens: int, stop_token_ids: Sequence[int]) -> Iterator[int]
-        Greedy decoding with a KV cache; yields new token ids one at a time (streaming).
+    generate(session, input_ids: list[int], max_new_tokens: int, stop_token_ids: Sequence[int],
+             sampling: SamplingParams | None = None) -> Iterator[int]
+        Decoding with a KV cache; yields new token ids one at a time (streaming). Greedy without
+        `sampling` (tasks.engines.sampling); with it, the request's temperature, top_p, top_k, seed and
+        penalties, and `Token`s (ints) carrying logprobs when it asks for them.
+    sampling_support() -> frozenset[str]
+        The sampling parameters (tasks.engines.sampling.PARAMETERS) this backend honours; the server
+        refuses a request that sets any other with a 400 naming the parameter and the backend.
     score(session, input_ids: list[int]) -> numpy.ndarray
         Logits for every position of `input_ids`, shape [len(input_ids), vocab], float32
         (teacher-forced; used by the consistency gate).
@@ -34,7 +40,7 @@ BACKENDS: dict[str, str] = {
     "tensorrt_llm": "tasks.engines.tensorrt_llm",
 }
 
-API = ("build", "check_compatible", "build_identity", "load", "generate", "score")
+API = ("build", "check_compatible", "build_identity", "load", "generate", "score", "sampling_support")
 
 
 class EngineIncompatibleError(RuntimeError):

@@ -16,6 +16,11 @@ Native CPU engine backend: a small Llama decoder in C (AVX2 + FMA, `native/q4.c`
   rounding) selects every row that could be the argmax, and those are rescored in fp32 against the
   original table (one full fp32 pass when there are more than `max_candidates`). The chosen token is
   the fp32 argmax, not an approximation of it.
+* Sampling (temperature > 0, penalties, logprobs) uses the same bound: every row whose upper bound is
+  within `Sampler.margin()` (temperature x ln(1/EPSILON), EPSILON = 1e-6) of the best lower bound is
+  rescored in fp32, so every token whose probability can exceed 1e-6 is drawn from its exact logit.
+  The mass of the tokens left out is bounded per step (sum of their upper bounds' probabilities) and
+  the largest bound seen is kept in `session.stats`; engine.json states the method under "sampling".
 * `score` runs the full fp32 head (one SGEMM over all positions).
 * One decoder step carries up to 16 rows: prefill chunks of the prompts that arrived together, or
   one decode row per stream (up to 4 streams); `generate_batch` decodes several prompts together in
@@ -54,6 +59,7 @@ import numpy as np
 from tasks.artifacts import sha256_tree
 from tasks.engines import EngineIncompatibleError
 from tasks.engines import cpu_onnx
+from tasks.engines.sampling import EPSILON, GREEDY, PARAMETERS, Sampler, SamplingParams, Token, excluded_mass_bound
 from tasks.engines.cpu_onnx import (
     NotInt4Exact,
     QuantScheme,
@@ -183,10 +189,11 @@ def _library() -> ctypes.CDLL:
             lib.q4i_gemm.argtypes = [P, I, I, I, P, P, P, P, I]
             lib.f32_gemm.argtypes = [P, I, I, I, P, P, I]
             lib.head_argmax.argtypes = [P, I, I, I, I, P, P, P, P, P, P, P, I, P, P, I]
+            lib.q8i_gemm.argtypes = [P, I, I, I, P, P, P, P, I]
             lib.llama_scratch_floats.argtypes = [I, I, I, I, I, I, I]
             lib.llama_scratch_floats.restype = ctypes.c_long
             lib.llama_step.argtypes = [I, P, P, P, P, I, I, I, I, I, I, F, P, P, I, I, P, P, P, P, P, I]
-            for name in ("q4i_gemm", "f32_gemm", "head_argmax", "llama_step"):
+            for name in ("q4i_gemm", "f32_gemm", "head_argmax", "q8i_gemm", "llama_step"):
                 getattr(lib, name).restype = None
             lib.llama_step_rows.argtypes = []
             if lib.llama_step_rows() != STEP_ROWS:  # the scratch buffers are sized by it
@@ -401,6 +408,9 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
         "dequantized": dequantized and {"reason": dequantized, "checkpoint_quantization": config["quantization_config"]},
         "lm_head": {"exact_argmax": "int8 per-row bound + fp32 rescoring", "score": "fp32",
                     "tied": head is embed, "vocab_size": int(head.shape[0])},
+        "sampling": {"method": "exact fp32 logits of every token whose probability can exceed epsilon "
+                               "(int8 per-row bound selects them; the left-out mass is bounded per step)",
+                     "epsilon": EPSILON, "parameters": list(PARAMETERS)},
         "architecture": arch,
         "profile": prof,
         "checkpoint": str(checkpoint_dir.resolve()),
@@ -473,7 +483,9 @@ class NativeSession:
     context_length: int
     stats: dict[str, int] = field(default_factory=lambda: {"head_calls": 0, "candidates": 0, "max_candidates_seen": 0, "full_passes": 0,
                                                          "scheduler_steps": 0, "max_streams_in_step": 0, "prefill_tokens": 0,
-                                                         "prefill_ns": 0, "layers_ns": 0, "head_ns": 0, "scheduler_ns": 0})
+                                                         "prefill_ns": 0, "layers_ns": 0, "head_ns": 0, "scheduler_ns": 0,
+                                                         "sampled": 0, "sampled_candidates": 0, "sampled_full_passes": 0,
+                                                         "sampling_excluded_mass_max": 0.0})
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _scheduler: Any = None  # the session's _Scheduler, created by the first generate call
 
@@ -617,6 +629,66 @@ def head_argmax(session: NativeSession, x: np.ndarray, max_candidates: int | Non
     return tok[:m].tolist(), ncand, [cand[i, :n].tolist() if n >= 0 else [] for i, n in enumerate(ncand)]
 
 
+# The fp32 rounding slack head_argmax adds to its bound (q4.c): (K/8 + K/16 + 8) unit roundoffs, doubled, >= 1e-5.
+def _head_slack(k: int) -> float:
+    return max((k // 8 + k // 16 + 8) * 2.0 * 5.97e-8, 1e-5)
+
+
+def head_sample(session: NativeSession, x: np.ndarray, sampler: Sampler) -> Token:
+    """The next token of one stream whose request samples (or penalises, or asks for logprobs).
+
+    The int8 head gives a_r and, as in head_argmax, a bound e_r with |x . E_r - a_r| <= e_r. Every row
+    whose (penalised) upper bound a_r + e_r is within sampler.margin() of the best (penalised) lower bound
+    can have probability >= EPSILON; those rows are rescored in fp32 and the sampler draws among them.
+    The rest each have p < EPSILON, and their total is bounded by `excluded_mass_bound`.
+    """
+    x = np.ascontiguousarray(x, np.float32).reshape(1, -1)
+    k = x.shape[1]
+    t = session.tensors
+    v = session.vocab_size
+    vp = t["head.q8_scale"].shape[0]
+    a = np.empty((1, vp), np.float32)
+    dx = np.empty(1, np.float32)
+    session.lib.q8i_gemm(_ptr(x), 1, k, vp, _ptr(t["head.q8"]), _ptr(t["head.q8_scale"]), _ptr(a), _ptr(dx), session.threads)
+    xn = float(np.sqrt(np.dot(x[0].astype(np.float64), x[0].astype(np.float64)))) * 1.000001
+    d = float(dx[0])
+    c = d + _head_slack(k) * (xn + d)
+    dn, en = t["head.dn"].astype(np.float64), t["head.en"].astype(np.float64)
+    e = xn * dn + c * (en + dn)
+    approx = a[0, :v].astype(np.float64)
+    lower, upper = approx - e, approx + e
+    raw_lo = float(lower.max())
+    # Penalties change only the tokens already seen; they are monotone, so bounds map to bounds.
+    touched = np.asarray(sorted(sampler.seen | set(sampler.output_counts)), dtype=np.int64)
+    plo, pup = lower, upper
+    if len(touched) and sampler.params.penalised:
+        plo, pup = lower.copy(), upper.copy()
+        plo[touched] = sampler.penalise(touched, lower[touched])
+        pup[touched] = sampler.penalise(touched, upper[touched])
+    mask = pup >= float(plo.max()) - sampler.margin()
+    if sampler.params.logprobs:  # the raw distribution's candidates too (logprobs are reported from it)
+        mask |= upper >= raw_lo - np.log(1.0 / EPSILON)
+    cand = np.flatnonzero(mask)
+    head = session.head
+    if len(cand) > session.max_candidates:  # as head_argmax: past the cap one full fp32 pass is cheaper
+        ids, logits, excluded = np.arange(v), head @ x[0], 0.0
+        full = True
+    else:
+        ids, logits = cand, head[cand] @ x[0]
+        kept = sampler.penalise(ids, logits.astype(np.float64))
+        excluded = excluded_mass_bound(pup[~mask], float(kept.max()), kept, sampler.params.temperature) \
+            if sampler.params.temperature > 0 else 0.0
+        full = False
+    token = sampler.choose(ids, logits, excluded)
+    with session._lock:
+        st = session.stats
+        st["sampled"] += 1
+        st["sampled_candidates"] += len(ids)
+        st["sampled_full_passes"] += int(full)
+        st["sampling_excluded_mass_max"] = max(st["sampling_excluded_mass_max"], excluded)
+    return token
+
+
 def _check_ids(session: NativeSession, input_ids: Sequence[int]) -> list[int]:
     ids = [int(i) for i in input_ids]
     if not ids:
@@ -629,10 +701,12 @@ def _check_ids(session: NativeSession, input_ids: Sequence[int]) -> list[int]:
 class _Request:
     """One stream in the scheduler: its prompt, limits, slot and the queue its tokens go to."""
 
-    __slots__ = ("ids", "max_new", "stops", "out", "cancelled", "slot", "produced", "h")
+    __slots__ = ("ids", "max_new", "stops", "out", "cancelled", "slot", "produced", "h", "sampler")
 
-    def __init__(self, ids: list[int], max_new: int, stops: set[int]):
+    def __init__(self, ids: list[int], max_new: int, stops: set[int], sampling: SamplingParams = GREEDY):
         self.ids, self.max_new, self.stops = ids, max_new, stops
+        # None: plain greedy, the exact-argmax head (batched over every greedy stream of the step)
+        self.sampler = None if sampling.plain_greedy else Sampler(sampling, ids)
         self.out: queue.SimpleQueue = queue.SimpleQueue()
         self.cancelled = False  # set by the consumer (client went away); the scheduler drops the stream
         self.slot = -1
@@ -710,7 +784,7 @@ class _Scheduler:
                 rows = list(live.values())
                 streams = len(rows)
                 t1 = time.perf_counter_ns()
-                tokens = head_argmax(self.s, np.concatenate([r.h for r in rows]), buffers=self.dec.head)[0]
+                tokens = self._next_tokens(rows)
                 t2 = time.perf_counter_ns()
                 for req, token in zip(rows, tokens):
                     if token in req.stops:
@@ -734,6 +808,20 @@ class _Scheduler:
                     req.out.put(e)
                 live.clear()
                 self.dec = None
+
+    def _next_tokens(self, rows: list[_Request]) -> list[int]:
+        """One token per live stream: the greedy ones through one batched head_argmax, the others sampled."""
+        hs = np.concatenate([r.h for r in rows])
+        tokens: list[int] = [0] * len(rows)
+        greedy = [i for i, r in enumerate(rows) if r.sampler is None]
+        if greedy:
+            picked = head_argmax(self.s, hs[greedy] if len(greedy) < len(rows) else hs, buffers=self.dec.head)[0]
+            for i, tok in zip(greedy, picked):
+                tokens[i] = tok
+        for i, r in enumerate(rows):
+            if r.sampler is not None:
+                tokens[i] = head_sample(self.s, hs[i:i + 1], r.sampler)
+        return tokens
 
     def _account(self, streams: int, prefill_tokens: int, prefill_ns: int, head_ns: int, layers_ns: int, loop_start: int) -> None:
         """The engine's own profile (session.stats): where each scheduler step's time went."""
@@ -761,14 +849,15 @@ def _scheduler(session: NativeSession) -> _Scheduler:
         return session._scheduler
 
 
-def _submit(session: NativeSession, input_ids: Sequence[int], max_new_tokens: int, stop_token_ids: Sequence[int]) -> _Request:
+def _submit(session: NativeSession, input_ids: Sequence[int], max_new_tokens: int, stop_token_ids: Sequence[int],
+            sampling: SamplingParams = GREEDY) -> _Request:
     ids = _check_ids(session, input_ids)
     if len(ids) + max_new_tokens > session.context_length:
         raise ValueError(
             f"prompt of {len(ids)} tokens + max_new_tokens {max_new_tokens} exceed the engine's context length "
             f"{session.context_length}; shorten the prompt or lower max_tokens"
         )
-    req = _Request(ids, max_new_tokens, {int(t) for t in stop_token_ids})
+    req = _Request(ids, max_new_tokens, {int(t) for t in stop_token_ids}, sampling or GREEDY)
     _scheduler(session).submit(req)
     return req
 
@@ -787,25 +876,34 @@ def _tokens(req: _Request) -> Iterator[int]:
 
 
 def generate(
-    session: NativeSession, input_ids: list[int], max_new_tokens: int, stop_token_ids: Sequence[int]
+    session: NativeSession, input_ids: list[int], max_new_tokens: int, stop_token_ids: Sequence[int],
+    sampling: SamplingParams | None = None,
 ) -> Iterator[int]:
-    """Greedy decoding (exact fp32 argmax); yields each new token id, never a stop id. Concurrent calls are
-    decoded together by the session's scheduler (one batched step per token for up to 4 streams)."""
+    """Decode; yields each new token id, never a stop id. Without `sampling` (or with plain greedy params)
+    the exact fp32 argmax; otherwise `head_sample`'s draw, as `Token`s carrying logprobs when asked.
+    Concurrent calls are decoded together by the session's scheduler (one batched step per token for up
+    to 4 streams)."""
     if max_new_tokens <= 0:
         _check_ids(session, input_ids)
         return
-    yield from _tokens(_submit(session, input_ids, max_new_tokens, stop_token_ids))
+    yield from _tokens(_submit(session, input_ids, max_new_tokens, stop_token_ids, sampling or GREEDY))
 
 
 def generate_batch(
-    session: NativeSession, prompts: list[list[int]], max_new_tokens: int, stop_token_ids: Sequence[int]
+    session: NativeSession, prompts: list[list[int]], max_new_tokens: int, stop_token_ids: Sequence[int],
+    sampling: SamplingParams | None = None,
 ) -> list[list[int]]:
-    """Greedy decoding of several prompts submitted together (the scheduler batches up to 4 at a time);
-    the same tokens as separate `generate` calls."""
+    """Several prompts submitted together (the scheduler batches up to 4 at a time); the same tokens as
+    separate `generate` calls with the same parameters."""
     if max_new_tokens <= 0:
         return [[] for _ in (_check_ids(session, p) for p in prompts)]
-    reqs = [_submit(session, p, max_new_tokens, stop_token_ids) for p in prompts]
+    reqs = [_submit(session, p, max_new_tokens, stop_token_ids, sampling or GREEDY) for p in prompts]
     return [list(_tokens(r)) for r in reqs]
+
+
+def sampling_support() -> frozenset[str]:
+    """Every sampling parameter: the draw runs on exact fp32 logits of the candidates (head_sample)."""
+    return frozenset(PARAMETERS)
 
 
 def score(session: NativeSession, input_ids: list[int]) -> np.ndarray:

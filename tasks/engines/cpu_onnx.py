@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tasks.artifacts import sha256_tree
+from tasks.engines.sampling import PARAMETERS, Sampler, SamplingParams
 from tasks.engines import EngineIncompatibleError
 
 if TYPE_CHECKING:  # torch is imported lazily: loading an engine does not need it
@@ -593,6 +594,7 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
         "repack": repack_stats,
         "lm_head_accuracy_level_set_on": lm_head_nodes,
         "score_model": score_model,
+        "sampling": {"method": "exact: the full fp32 logits of each step (get_logits)", "parameters": list(PARAMETERS)},
         "checkpoint": str(checkpoint_dir.resolve()),
         "checkpoint_sha256": checkpoint_sha,
         "device": device_fingerprint(),
@@ -733,12 +735,15 @@ def _generator(session: CpuSession, max_length: int, model: Any = None) -> Any:
 
 
 def generate(
-    session: CpuSession, input_ids: list[int], max_new_tokens: int, stop_token_ids: Sequence[int]
+    session: CpuSession, input_ids: list[int], max_new_tokens: int, stop_token_ids: Sequence[int],
+    sampling: SamplingParams | None = None,
 ) -> Iterator[int]:
-    """Greedy decoding with the KV cache; yields each new token id (never a stop id).
+    """Decode with the KV cache; yields each new token id (never a stop id).
 
-    Besides `stop_token_ids`, onnxruntime-genai itself ends the sequence after the model's
-    eos_token_id (genai_config.json); that token is yielded unless it is also a stop id.
+    Plain greedy (no `sampling`, or greedy params) runs onnxruntime-genai's own greedy search: besides
+    `stop_token_ids`, genai itself ends the sequence after the model's eos_token_id (genai_config.json);
+    that token is yielded unless it is also a stop id. Anything else reads the step's full fp32 logits
+    (`get_logits`), draws with the shared Sampler and appends the token (exact: no candidate bound).
     """
     if not input_ids:
         raise ValueError("input_ids is empty")
@@ -747,14 +752,31 @@ def generate(
     stops = set(int(t) for t in stop_token_ids)
     gen = _generator(session, len(input_ids) + max_new_tokens)
     gen.append_tokens(np.asarray([input_ids], dtype=np.int32))
-    for _ in range(max_new_tokens):
-        if gen.is_done():
-            break
-        gen.generate_next_token()
-        token = int(gen.get_next_tokens()[0])
+    if sampling is None or sampling.plain_greedy:
+        for _ in range(max_new_tokens):
+            if gen.is_done():
+                break
+            gen.generate_next_token()
+            token = int(gen.get_next_tokens()[0])
+            if token in stops:
+                break
+            yield token
+        return
+    sampler = Sampler(sampling, input_ids)
+    ids = np.arange(session.vocab_size)
+    for i in range(max_new_tokens):
+        logits = np.asarray(gen.get_logits(), dtype=np.float32).reshape(-1)[: session.vocab_size]
+        token = sampler.choose(ids, logits)
         if token in stops:
             break
         yield token
+        if i + 1 < max_new_tokens:
+            gen.append_tokens(np.asarray([[int(token)]], dtype=np.int32))
+
+
+def sampling_support() -> frozenset[str]:
+    """Every sampling parameter: the draw reads the full fp32 logits of each step."""
+    return frozenset(PARAMETERS)
 
 
 def score(session: CpuSession, input_ids: list[int]) -> np.ndarray:

@@ -59,6 +59,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tasks.artifacts import sha256_json, sha256_tree
+from tasks.engines.sampling import SamplingParams
 from tasks.engines import EngineIncompatibleError
 from tasks.engines.cpu_onnx import QuantScheme, _copy_tokenizer_files, repack_compressed_tensors
 
@@ -1149,10 +1150,58 @@ def _check_lengths(session: TrtLlmSession, n_input: int, max_new_tokens: int) ->
         )
 
 
+# What the runtime's own sampler (SamplingConfig) is given; logprobs are not wired through (400 at the server).
+SAMPLING_SUPPORT = frozenset({"temperature", "top_p", "top_k", "seed", "frequency_penalty", "presence_penalty",
+                              "repetition_penalty"})
+
+
+def sampling_support() -> frozenset[str]:
+    """The parameters TensorRT-LLM's sampler takes from a request (logprobs and top_logprobs are not wired)."""
+    return SAMPLING_SUPPORT
+
+
+def sampling_kwargs(sampling: SamplingParams | None) -> dict[str, Any]:
+    """SamplingConfig / ModelRunner.generate keyword arguments for a request (top_k=1 is greedy).
+
+    The seed's keyword is `random_seed` in the v0.12.0-jetson runtime and `seed` in mainline; the caller
+    maps it (`_with_seed`). Penalties are passed only when set, so a greedy request stays `top_k=1`."""
+    if sampling is None or sampling.temperature == 0:
+        kw: dict[str, Any] = {"top_k": 1}
+    else:
+        kw = {"temperature": float(sampling.temperature)}
+        if sampling.top_k > 0:
+            kw["top_k"] = int(sampling.top_k)
+        if sampling.top_p < 1.0:
+            kw["top_p"] = float(sampling.top_p)
+    if sampling is not None:
+        if sampling.seed is not None:
+            kw["seed"] = int(sampling.seed) & ((1 << 64) - 1)
+        if sampling.repetition_penalty != 1:
+            kw["repetition_penalty"] = float(sampling.repetition_penalty)
+        if sampling.presence_penalty:
+            kw["presence_penalty"] = float(sampling.presence_penalty)
+        if sampling.frequency_penalty:
+            kw["frequency_penalty"] = float(sampling.frequency_penalty)
+    return kw
+
+
+def _with_seed(factory: Any, kw: dict[str, Any]) -> Any:
+    """Call `factory(**kw)`, renaming `seed` to `random_seed` for runtimes that spell it so."""
+    try:
+        return factory(**kw)
+    except TypeError:
+        if "seed" not in kw:
+            raise
+        kw = {("random_seed" if k == "seed" else k): v for k, v in kw.items()}
+        return factory(**kw)
+
+
 def generate(
-    session: TrtLlmSession, input_ids: list[int], max_new_tokens: int, stop_token_ids: Sequence[int]
+    session: TrtLlmSession, input_ids: list[int], max_new_tokens: int, stop_token_ids: Sequence[int],
+    sampling: SamplingParams | None = None,
 ) -> Iterator[int]:
-    """Greedy streaming decode; yields each new token id, stopping before any stop id (GPU only; unverified here).
+    """Streaming decode; yields each new token id, stopping before any stop id (GPU only; unverified here).
+    Greedy (top_k=1) unless `sampling` asks otherwise; sampling runs in the runtime's sampler (`sampling_kwargs`).
 
     C++ runtime: one executor request per call (streaming, top_k=1), awaited by its own id, so concurrent
     calls from several threads are batched in flight by the executor. The request's end_id is the first
@@ -1170,7 +1219,7 @@ def generate(
     stop_set = set(stops)
     end_id = stops[0] if stops else session.end_id
     if session.runtime == "python":
-        yield from _generate_python(session, input_ids, max_new_tokens, end_id, stop_set)
+        yield from _generate_python(session, input_ids, max_new_tokens, end_id, stop_set, sampling)
         return
     import tensorrt_llm.bindings.executor as trtllm
 
@@ -1179,7 +1228,7 @@ def generate(
         [int(t) for t in input_ids],
         int(max_new_tokens),  # positional: named max_new_tokens in 0.12, max_tokens in mainline
         streaming=True,
-        sampling_config=trtllm.SamplingConfig(beam_width=1, top_k=1),  # greedy
+        sampling_config=_with_seed(trtllm.SamplingConfig, {"beam_width": 1, **sampling_kwargs(sampling)}),
         output_config=trtllm.OutputConfig(),
         end_id=end_id,
         pad_id=session.pad_id,
@@ -1204,14 +1253,16 @@ def generate(
                 executor.cancel_request(request_id)
 
 
-def _generate_python(session: TrtLlmSession, input_ids: list[int], max_new_tokens: int, end_id: int, stops: set[int]) -> Iterator[int]:
+def _generate_python(session: TrtLlmSession, input_ids: list[int], max_new_tokens: int, end_id: int, stops: set[int],
+                     sampling: SamplingParams | None = None) -> Iterator[int]:
     """ModelRunner (Python session) fallback: one call at a time per session, streaming dicts of growing output_ids."""
     import torch
 
     with session._lock:
+        kw = {"random_seed" if k == "seed" else k: v for k, v in sampling_kwargs(sampling).items()}
         outputs = session.runner.generate(
             [torch.tensor(input_ids, dtype=torch.int32)], max_new_tokens=max_new_tokens, end_id=end_id,
-            pad_id=session.pad_id, top_k=1, num_beams=1, streaming=True, return_dict=True, output_sequence_lengths=True,
+            pad_id=session.pad_id, num_beams=1, streaming=True, return_dict=True, output_sequence_lengths=True, **kw,
         )
         emitted = len(input_ids)
         for step in outputs:

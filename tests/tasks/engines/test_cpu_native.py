@@ -560,3 +560,74 @@ def test_idle_scheduler_lets_the_session_go(engines, monkeypatch) -> None:
     del session
     gc.collect()
     assert ref() is None
+
+
+# ---------------------------------------------------------------------------------------------
+# sampling: candidates from the int8 bound, exact fp32 logits, the stated left-out mass
+# ---------------------------------------------------------------------------------------------
+
+
+def _hidden(session, ids: list[int]) -> np.ndarray:
+    return cpu_native._Decoder(session, 1, len(ids)).prefill(ids, 0)[-1:]
+
+
+@pytest.mark.parametrize("temperature", [0.3, 1.0, 2.0])
+def test_sampling_candidates_hold_every_token_that_can_reach_epsilon(temperature: float, sessions) -> None:
+    from tasks.engines.sampling import EPSILON, SamplingParams, Sampler
+
+    session = sessions["asym"]
+    for ids in _prompts():
+        x = _hidden(session, ids)
+        exact = (session.head.astype(np.float64) @ x[0].astype(np.float64))
+        z = exact / temperature
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        seen: dict = {}
+
+        def choose(cand, logits, excluded, _orig=Sampler.choose, _seen=seen):
+            _seen.update(ids=np.asarray(cand), logits=np.asarray(logits), excluded=excluded)
+            return _orig(sampler, cand, logits, excluded)
+
+        sampler = Sampler(SamplingParams(temperature=temperature, seed=0))
+        sampler.choose = choose
+        cpu_native.head_sample(session, x, sampler)
+        must = set(np.flatnonzero(p >= EPSILON).tolist())
+        assert must <= set(seen["ids"].tolist())
+        # the candidates' logits are the fp32 head's, not the int8 approximation
+        np.testing.assert_allclose(seen["logits"], exact[seen["ids"]], rtol=0, atol=1e-4)
+        left_out = np.setdiff1d(np.arange(VOCAB), seen["ids"])
+        assert p[left_out].sum() <= seen["excluded"] + 1e-12
+
+
+def test_sampling_seed_reproducible_and_independent_of_batching(sessions) -> None:
+    from tasks.engines.sampling import SamplingParams
+
+    session = sessions["asym"]
+    p = SamplingParams(temperature=1.0, top_p=0.95, seed=11)
+    prompts = _prompts()
+    alone = [list(cpu_native.generate(session, ids, NEW_TOKENS, [], p)) for ids in prompts]
+    assert alone == [list(cpu_native.generate(session, ids, NEW_TOKENS, [], p)) for ids in prompts]
+    assert cpu_native.generate_batch(session, prompts, NEW_TOKENS, [], p) == alone
+    other = [list(cpu_native.generate(session, ids, NEW_TOKENS, [], SamplingParams(temperature=1.0, seed=12))) for ids in prompts]
+    assert other != alone
+    greedy = [list(cpu_native.generate(session, ids, NEW_TOKENS, [])) for ids in prompts]
+    assert alone != greedy
+    # temperature 0 with logprobs takes the sampling path and still gives the exact-argmax tokens
+    assert [list(cpu_native.generate(session, ids, NEW_TOKENS, [], SamplingParams(logprobs=True))) for ids in prompts] == greedy
+
+
+def test_sampled_logprobs_match_the_fp_model(checkpoints, sessions) -> None:
+    from tasks.engines.sampling import SamplingParams
+
+    model = _hf(checkpoints["asym"])
+    session = sessions["asym"]
+    ids = _prompts()[1]
+    toks = list(cpu_native.generate(session, ids, 8, [], SamplingParams(temperature=0.8, seed=5, logprobs=True, top_logprobs=3)))
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([ids + [int(t) for t in toks]])).logits[0].double(), -1).numpy()
+    for i, tok in enumerate(toks):
+        row = ref[len(ids) - 1 + i]
+        assert tok.logprob == pytest.approx(row[int(tok)], abs=2e-3)
+        assert [t for t, _ in tok.top_logprobs] == np.argsort(-row)[:3].tolist()
+    st = session.stats
+    assert st["sampled"] >= 8 and 0.0 <= st["sampling_excluded_mass_max"] < 1e-3
