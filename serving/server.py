@@ -12,9 +12,14 @@ Design notes (the why):
   (`check_compatible`, `load`, `generate`) on the backend named in the settings; it never looks
   at the device. `engine.json` in the engine dir says which backend built it, and the tokenizer
   and chat template are read from the same dir, so what is served is exactly what was built.
-* Decoding is greedy only (that is what the engines implement and what the consistency gate
-  measured). `temperature`, `top_p`, `seed` and `user` are accepted so that stock OpenAI clients
-  work, and ignored; `n` must be 1. Any other field is rejected (422) rather than silently ignored.
+* Sampling: `temperature`, `top_p`, `top_k`, `seed`, `stop`, `frequency_penalty`, `presence_penalty`,
+  `repetition_penalty`, `logprobs`/`top_logprobs` go to the engine as one `SamplingParams`
+  (tasks.engines.sampling); where the request is silent the engine's generation_config.json decides,
+  and where that is silent too decoding is greedy (what the consistency gate measured). A parameter the
+  engine's backend cannot honour gets 400 naming it and the backend, never silent greedy decoding.
+  `n` must be 1. Any unknown field is rejected (422) rather than silently ignored.
+* API keys (serving.auth): with a key configured, /v1/* and /feedback answer 401 without it (and the
+  probes too with `auth_probes`).
 * Engine calls block, so each generation runs in a worker thread of one executor with
   `max_concurrency + 1` threads: `max_concurrency` for requests, one kept free for /health and
   the warm-up so a busy server still answers its probes. A request beyond `max_concurrency`
@@ -25,10 +30,8 @@ Design notes (the why):
 * Every generation has a deadline (`request_timeout_s`, counted from arrival, queueing included).
   Past it the client gets 504, or an SSE error event if the stream already started; a connection
   is never left open silently.
-* Streaming text is produced by decoding the whole generated id list after each token and sending
-  the new suffix (held back while it ends in an incomplete UTF-8 sequence), so byte-level BPE
-  pieces of a multi-byte character render right. The non-streaming answer is the concatenation of
-  the very same deltas, so both modes return identical text.
+* Streaming text, stop strings and logprobs come from serving.decoding; the non-streaming answer is
+  the concatenation of the very same pieces, so both modes return identical text.
 * Status codes recorded for streams that already answered 200 describe the outcome: 499 client
   went away, 504 deadline, 500 engine error (the nginx/OpenAI conventions).
 * A watchdog thread (serving.watchdog) ends the process when an engine call makes no progress for
@@ -76,6 +79,8 @@ from pydantic import (
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.access_log import AccessLog
+from serving.decoding import Piece, TextStream, chat_logprobs, completion_logprobs
+from tasks.engines.sampling import MAX_TOP_LOGPROBS, SamplingParams
 from serving.conversation import condense
 from serving.watchdog import Watchdog
 
@@ -179,17 +184,34 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = Field(default=False, description="Send a final chunk with token usage.")
 
 
+Unit = Annotated[float, Field(allow_inf_nan=False)]
+MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 128
+
+
 class _GenerationRequest(_Request):
     model: StrictStr = Field(description="Must equal the served model name.")
     max_tokens: Annotated[StrictInt, Field(gt=0)] | None = Field(default=None, description="New tokens at most.")
     stream: StrictBool = Field(default=False, description="Server-sent events instead of one JSON answer.")
     stream_options: StreamOptions | None = Field(default=None, description="include_usage for streams.")
-    # Accepted for client compatibility and ignored: decoding is greedy (see module docstring).
-    temperature: float | None = Field(default=None, ge=0, le=2, description="Ignored: greedy decoding.")
-    top_p: float | None = Field(default=None, ge=0, le=1, description="Ignored: greedy decoding.")
-    seed: StrictInt | None = Field(default=None, description="Ignored: greedy decoding is deterministic.")
-    user: StrictStr | None = Field(default=None, description="Ignored (end-user id).")
+    temperature: Unit | None = Field(default=None, ge=0, le=2, description="0 is greedy; default: generation_config.json, else 0.")
+    top_p: Unit | None = Field(default=None, gt=0, le=1, description="Nucleus mass kept; default: generation_config.json, else 1.")
+    top_k: StrictInt | None = Field(default=None, ge=-1, description="Most likely tokens kept (extension, as vLLM); 0 or -1: all.")
+    seed: StrictInt | None = Field(default=None, ge=-(2**63), le=2**64 - 1,
+                                   description="Same seed and request give the same tokens; default: random.")
+    stop: (Annotated[StrictStr, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+           | Annotated[list[Annotated[StrictStr, Field(min_length=1, max_length=MAX_STOP_CHARS)]],
+                       Field(max_length=MAX_STOP_STRINGS)]
+           | None) = Field(default=None, description=f"Up to {MAX_STOP_STRINGS} strings; the text ends before the first one.")
+    frequency_penalty: Unit | None = Field(default=None, ge=-2, le=2, description="Subtracted x count from generated tokens' logits.")
+    presence_penalty: Unit | None = Field(default=None, ge=-2, le=2, description="Subtracted once from generated tokens' logits.")
+    repetition_penalty: Unit | None = Field(default=None, gt=0, le=10,
+                                            description="Extension (as vLLM): divides positive / multiplies negative logits of seen tokens.")
+    user: StrictStr | None = Field(default=None, max_length=256, description="Ignored (end-user id).")
     n: Literal[1] = Field(default=1, description="Only one choice per request.")
+
+    def stop_strings(self) -> list[str]:
+        return [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
 class ChatRequest(_GenerationRequest):
@@ -197,12 +219,17 @@ class ChatRequest(_GenerationRequest):
     max_completion_tokens: Annotated[StrictInt, Field(gt=0)] | None = Field(
         default=None, description="Newer OpenAI name for max_tokens."
     )
+    logprobs: StrictBool | None = Field(default=None, description="Return each token's log-probability (the model's own distribution).")
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS,
+                                           description="Most likely alternatives per token (needs logprobs: true).")
 
 
 class CompletionRequest(_GenerationRequest):
     prompt: StrictStr | Annotated[list[StrictStr], Field(min_length=1, max_length=1)] = Field(
         description="Raw prompt text (a list of exactly one string is accepted too)."
     )
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=5,
+                                       description="Legacy: return logprobs and this many alternatives per token.")
 
 
 class FeedbackTimings(BaseModel):
@@ -422,6 +449,34 @@ class EngineFailed(Exception):
     pass
 
 
+# generation_config.json keys that set a request's defaults (vLLM's `--generation-config auto` set).
+_GENERATION_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty")
+
+
+def generation_defaults(engine_dir: Path) -> dict[str, Any]:
+    """Sampling defaults from the engine's generation_config.json (copied from the checkpoint at build).
+
+    Only keys present are taken; `do_sample: false` there means greedy (its temperature is ignored).
+    A missing or unreadable file means greedy defaults; a value out of range is refused at startup."""
+    path = Path(engine_dir) / "generation_config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(cfg, dict):
+        return {}
+    out = {k: cfg[k] for k in _GENERATION_KEYS if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg.get(k), bool)}
+    if cfg.get("do_sample") is False:
+        out.pop("temperature", None)
+        out.pop("top_p", None)
+        out.pop("top_k", None)
+    try:
+        SamplingParams(**out)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}; fix the file or remove the key") from None
+    return out
+
+
 class Runtime:
     """The loaded engine plus what the HTTP layer needs to talk to it."""
 
@@ -457,14 +512,17 @@ class Runtime:
         self.state = "loading"
         self.reason = "engine is loading"
         self.probe_ids = self.tokenizer("Hello", add_special_tokens=False)["input_ids"] or [self.stop_ids[0]]
+        self.sampling_support: frozenset[str] = self.backend.sampling_support()
+        self.sampling_defaults = generation_defaults(self.engine_dir)
         self.executor = ThreadPoolExecutor(max_workers=settings.max_concurrency + 1, thread_name_prefix="engine")
         self._probe: asyncio.Future | None = None
         self.watchdog = Watchdog(settings.watchdog_stall_s)
 
-    def generate(self, input_ids: list[int], max_new_tokens: int, stop_ids: list[int]) -> Iterator[int]:
+    def generate(self, input_ids: list[int], max_new_tokens: int, stop_ids: list[int],
+                 sampling: SamplingParams | None = None) -> Iterator[int]:
         """`backend.generate`, with the watchdog told about every token; every engine call goes through here."""
         call = self.watchdog.begin()
-        gen = self.backend.generate(self.session, input_ids, max_new_tokens, stop_ids)
+        gen = self.backend.generate(self.session, input_ids, max_new_tokens, stop_ids, sampling)
         stall_after = self.settings.fault_stall_after_tokens
         try:
             for i, token in enumerate(gen):
@@ -497,7 +555,8 @@ class Runtime:
         return f"{self.meta['backend']}-{sha[:12]}" if sha else str(self.meta["backend"])
 
     def engine_info(self) -> dict[str, Any]:
-        return {"backend": self.meta["backend"], "runtime": self.runtime_versions, "engine_version": self.engine_version}
+        return {"backend": self.meta["backend"], "runtime": self.runtime_versions, "engine_version": self.engine_version,
+                "sampling_defaults": self.sampling_defaults, "sampling_support": sorted(self.sampling_support)}
 
     async def load(self) -> None:
         """Load the session and run one warm-up generation, then mark ready (or failed, with why)."""
@@ -580,8 +639,10 @@ class Generation:
         max_new_tokens: int,
         deadline: float,
         on_done: Callable[[], None],
+        sampling: SamplingParams | None = None,
     ) -> None:
         self.runtime = runtime
+        self.sampling = sampling
         self.input_ids = input_ids
         self.max_new_tokens = max_new_tokens
         self.deadline = deadline
@@ -609,11 +670,11 @@ class Generation:
     def _run(self) -> None:
         gen = None
         try:
-            gen = self.runtime.generate(self.input_ids, self.max_new_tokens, self.runtime.stop_ids)
+            gen = self.runtime.generate(self.input_ids, self.max_new_tokens, self.runtime.stop_ids, self.sampling)
             for token in gen:
                 if self.cancelled.is_set():
                     break
-                self._post(("token", int(token), time.monotonic()))
+                self._post(("token", token, time.monotonic()))  # an int, or a Token carrying logprobs
                 if time.monotonic() >= self.deadline:
                     self._post(("timeout",))
                     break
@@ -650,36 +711,6 @@ class Generation:
                 raise EngineFailed(item[1])
             else:
                 return
-
-
-class IncrementalDecoder:
-    """Decode the whole id list after each token; emit only the new suffix (see module docstring)."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.emitted = ""
-
-    def _decode(self) -> str:
-        return self.tokenizer.decode(self.ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-
-    def push(self, token: int) -> str:
-        self.ids.append(token)
-        text = self._decode()
-        if text.endswith("\ufffd"):
-            return ""  # an incomplete UTF-8 sequence: wait for the token carrying the rest
-        return self._advance(text)
-
-    def flush(self) -> str:
-        return self._advance(self._decode())
-
-    def _advance(self, text: str) -> str:
-        # Byte-level BPE decodes prefix-stably, so `text` extends what was sent; were it ever not
-        # to, the client keeps what it already has and the non-streaming answer (built from the
-        # same deltas) stays identical to the stream.
-        delta = text[len(self.emitted):]
-        self.emitted += delta
-        return delta
 
 
 # --------------------------------------------------------------------------------------------
@@ -894,6 +925,7 @@ async def _handle(request: Request, state: AppState, endpoint: str) -> Response:
                 f"exceeds the context limit max_context={s.max_context}",
                 param=name, code="context_length_exceeded",
             )
+        sampling = _sampling(req, chat, rt)
         deadline = rec.started + s.request_timeout_s
         try:
             await state.admission.acquire(max(0.0, deadline - time.monotonic()))
@@ -918,21 +950,53 @@ async def _handle(request: Request, state: AppState, endpoint: str) -> Response:
         state.admission.release()
         state.generations.discard(gen)
 
-    gen = Generation(rt, prompt_ids, max_tokens, deadline, released)
+    gen = Generation(rt, prompt_ids, max_tokens, deadline, released, sampling)
     state.generations.add(gen)
     try:
         gen.start()
     except RuntimeError as e:  # executor shut down (server stopping)
         released()
         return rec.fail(ApiError(503, f"server is shutting down: {e}", code="shutting_down"))
-    decoder = IncrementalDecoder(rt.tokenizer)
+    text = TextStream(rt.tokenizer, req.stop_strings())
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return _GenerationStream(
-            _stream(state, rec, gen, decoder, chat, max_tokens, include_usage),
+            _stream(state, rec, gen, text, chat, max_tokens, include_usage),
             on_close=lambda: (gen.cancel(), rec.finish(499)),
         )
-    return await _complete(request, state, rec, gen, decoder, chat, max_tokens)
+    return await _complete(request, state, rec, gen, text, chat, max_tokens)
+
+
+_REQUEST_SAMPLING = ("temperature", "top_p", "top_k", "seed", "frequency_penalty", "presence_penalty", "repetition_penalty")
+
+
+def _sampling(req: ChatRequest | CompletionRequest, chat: bool, rt: Runtime) -> SamplingParams:
+    """The request's SamplingParams: what it asks, else generation_config.json's defaults, else greedy.
+    A parameter the backend cannot honour is a 400 naming it and the backend (never silently greedy)."""
+    asked = {k: getattr(req, k) for k in _REQUEST_SAMPLING if getattr(req, k) is not None}
+    if chat:
+        if req.top_logprobs is not None and not req.logprobs:
+            raise ApiError(400, f"top_logprobs={req.top_logprobs} needs logprobs: true", param="top_logprobs",
+                           code="invalid_value")
+        if req.logprobs:
+            asked["logprobs"], asked["top_logprobs"] = True, req.top_logprobs or 0
+    elif req.logprobs is not None:
+        asked["logprobs"], asked["top_logprobs"] = True, req.logprobs
+    values = {**rt.sampling_defaults, **asked}
+    if values.get("top_k") == -1:
+        values["top_k"] = 0
+    backend = rt.meta["backend"]
+    for name in (f for f in asked if f not in rt.sampling_support):
+        if name == "top_logprobs" and not asked[name]:
+            continue
+        raise ApiError(
+            400, f"{name}={asked[name]!r} is not supported by this server's engine backend {backend!r} "
+            f"(it honours {sorted(rt.sampling_support)}); leave {name} out", param=name, code="unsupported_parameter",
+        )
+    try:
+        return SamplingParams(**values)
+    except ValueError as e:
+        raise ApiError(400, str(e), code="invalid_value") from None
 
 
 def _prompt_ids(rt: Runtime, req: ChatRequest | CompletionRequest, chat: bool, rec: RequestRecord) -> list[int]:
@@ -957,15 +1021,37 @@ def _usage(rec: RequestRecord) -> dict[str, int]:
     return {"prompt_tokens": p, "completion_tokens": rec.completion_tokens, "total_tokens": p + rec.completion_tokens}
 
 
-def _finish_reason(rec: RequestRecord, max_tokens: int) -> str:
-    return "length" if rec.completion_tokens >= max_tokens else "stop"
+def _finish_reason(rec: RequestRecord, text: TextStream, max_tokens: int) -> str:
+    return "stop" if text.stopped else "length" if rec.completion_tokens >= max_tokens else "stop"
+
+
+class _Pieces:
+    """Engine tokens -> pieces of text (serving.decoding), stopping the engine at a stop string; one
+    loop for both the streaming and the non-streaming answer."""
+
+    def __init__(self, rec: RequestRecord, gen: Generation, text: TextStream) -> None:
+        self.rec, self.gen, self.text = rec, gen, text
+
+    async def __aiter__(self) -> AsyncIterator[Piece]:
+        async for token in self.gen.tokens():
+            self.rec.token(self.gen.token_times[-1])
+            piece = self.text.push(token)
+            if piece is not None:
+                yield piece
+            if self.text.stopped:
+                self.gen.cancel()  # the engine stops at its next token; the slot frees when it has
+                return
+
+
+def _logprobs(text: TextStream, piece: Piece, chat: bool, offset: int) -> dict[str, Any] | None:
+    return chat_logprobs(text, piece.tokens) if chat else completion_logprobs(text, piece.tokens, offset)
 
 
 async def _stream(
     state: AppState,
     rec: RequestRecord,
     gen: Generation,
-    decoder: IncrementalDecoder,
+    text: TextStream,
     chat: bool,
     max_tokens: int,
     include_usage: bool,
@@ -976,33 +1062,33 @@ async def _stream(
             "model": model, "system_fingerprint": fp}
     extra = {"usage": None} if include_usage else {}
 
-    def chunk(text: str | None, finish: str | None, role: bool = False) -> str:
+    def chunk(content: str | None, finish: str | None, role: bool = False, logprobs: Any = None) -> str:
         if chat:
             delta: dict[str, Any] = {}
             if role:
                 delta["role"] = "assistant"
-            if text is not None:
-                delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            if content is not None:
+                delta["content"] = content
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"text": text or "", "index": 0, "logprobs": None, "finish_reason": finish}
+            choice = {"text": content or "", "index": 0, "logprobs": logprobs, "finish_reason": finish}
         return _sse({**base, "choices": [choice], **extra})
 
-    status, parts = 200, []
+    status, parts, offset = 200, [], 0
     try:
         if chat:
             yield chunk("", None, role=True)  # OpenAI opens a chat stream with the role
-        async for token in gen.tokens():
-            rec.token(gen.token_times[-1])
-            delta = decoder.push(token)
-            if delta:
-                parts.append(delta)
-                yield chunk(delta, None)
-        tail = decoder.flush()
-        if tail:
-            parts.append(tail)
-        rec.finish_reason = _finish_reason(rec, max_tokens)
-        yield chunk(tail if tail else (None if chat else ""), rec.finish_reason)
+        async for piece in _Pieces(rec, gen, text):
+            lp = _logprobs(text, piece, chat, offset)
+            offset += len(piece.text)
+            if piece.text or lp:
+                parts.append(piece.text)
+                yield chunk(piece.text, None, logprobs=lp)
+        tail = text.flush()
+        parts.append(tail.text)
+        rec.finish_reason = _finish_reason(rec, text, max_tokens)
+        yield chunk(tail.text if tail.text else (None if chat else ""), rec.finish_reason,
+                    logprobs=_logprobs(text, tail, chat, offset))
         if include_usage:
             yield _sse({**base, "choices": [], "usage": _usage(rec)})
     except DeadlineExceeded:
@@ -1030,17 +1116,16 @@ async def _complete(
     state: AppState,
     rec: RequestRecord,
     gen: Generation,
-    decoder: IncrementalDecoder,
+    text: TextStream,
     chat: bool,
     max_tokens: int,
 ) -> Response:
-    parts: list[str] = []
+    pieces: list[Piece] = []
 
     async def collect() -> None:
-        async for token in gen.tokens():
-            rec.token(gen.token_times[-1])
-            parts.append(decoder.push(token))
-        parts.append(decoder.flush())
+        async for piece in _Pieces(rec, gen, text):
+            pieces.append(piece)
+        pieces.append(text.flush())
 
     task = asyncio.create_task(collect())
     try:
@@ -1054,11 +1139,11 @@ async def _complete(
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-                rec.response = "".join(parts)
+                rec.response = "".join(p.text for p in pieces)
                 return rec.fail(ApiError(499, "client disconnected", code="client_closed_request"))
         task.result()
     except DeadlineExceeded:
-        rec.response = "".join(parts)
+        rec.response = "".join(p.text for p in pieces)
         return rec.fail(
             ApiError(
                 504,
@@ -1068,18 +1153,19 @@ async def _complete(
             )
         )
     except EngineFailed as e:
-        rec.response = "".join(parts)
+        rec.response = "".join(p.text for p in pieces)
         return rec.fail(ApiError(500, f"engine error: {e}", code="engine_error"))
     finally:
         gen.cancel()
-    text = "".join(parts)
-    rec.response = text
-    rec.finish_reason = _finish_reason(rec, max_tokens)
+    answer = "".join(p.text for p in pieces)
+    rec.response = answer
+    rec.finish_reason = _finish_reason(rec, text, max_tokens)
+    logprobs = _logprobs(text, Piece(answer, [t for p in pieces for t in p.tokens]), chat, 0)
     if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        choice = {"index": 0, "message": {"role": "assistant", "content": answer}, "logprobs": logprobs,
                   "finish_reason": rec.finish_reason}
     else:
-        choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": rec.finish_reason}
+        choice = {"text": answer, "index": 0, "logprobs": logprobs, "finish_reason": rec.finish_reason}
     body = {
         "id": rec.id,
         "object": "chat.completion" if chat else "text_completion",

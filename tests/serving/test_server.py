@@ -129,8 +129,8 @@ def test_chat_streaming_matches_non_streaming(oai):
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     assert finish in ("stop", "length")
 
-    full = oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0.7, top_p=0.9)
-    # Greedy decoding: temperature/top_p are ignored, so both answers are the same text.
+    full = oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=24)
+    # Greedy decoding (no temperature asked, none in generation_config.json): both answers are the same text.
     assert full.choices[0].message.content == "".join(pieces)
     assert full.usage.completion_tokens == usage.completion_tokens
     assert full.model == MODEL and full.object == "chat.completion"
@@ -308,7 +308,7 @@ def test_incremental_decoding_of_multibyte_text(engine_dir):
     """Byte-level BPE splits CJK/emoji over several tokens; the stream must never show U+FFFD."""
     from transformers import AutoTokenizer
 
-    from serving.server import IncrementalDecoder
+    from serving.decoding import IncrementalDecoder
 
     tok = AutoTokenizer.from_pretrained(str(engine_dir))
     for text in ["你好世界🙂 café — ok", "🙂🙂🙂x", " naïve façade ✓"]:

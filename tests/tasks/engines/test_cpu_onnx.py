@@ -465,3 +465,24 @@ def test_build_identity_names_the_runtime_versions() -> None:
 
     ident = get_backend("cpu").build_identity()
     assert og.__version__ in ident and onnxruntime.__version__ in ident
+
+
+def test_sampling_seeded_and_logprobs_match_score(checkpoints, sessions) -> None:
+    """Sampling reads each step's full logits: the same seed gives the same tokens, temperature 0 with
+    logprobs gives genai's greedy tokens, and the logprobs are log-softmax of the engine's own logits."""
+    from tasks.engines.sampling import SamplingParams
+
+    session = sessions["asym"]
+    ids = _chat_ids(checkpoints["asym"])[0]
+    p = SamplingParams(temperature=1.0, seed=3, logprobs=True, top_logprobs=2)
+    a = list(cpu_onnx.generate(session, ids, 10, [], p))
+    assert [int(t) for t in a] == [int(t) for t in cpu_onnx.generate(session, ids, 10, [], p)]
+    assert [int(t) for t in a] != [int(t) for t in cpu_onnx.generate(session, ids, 10, [], SamplingParams(temperature=1.0, seed=4))]
+    greedy = list(cpu_onnx.generate(session, ids, 10, []))
+    assert [int(t) for t in cpu_onnx.generate(session, ids, 10, [], SamplingParams(logprobs=True))] == greedy
+    logits = cpu_onnx.score(session, ids + [int(t) for t in a]).astype(np.float64)
+    for i, tok in enumerate(a):
+        row = logits[len(ids) - 1 + i]
+        ref = row - (row.max() + np.log(np.exp(row - row.max()).sum()))
+        assert tok.logprob == pytest.approx(ref[int(tok)], abs=1e-3)
+        assert [t for t, _ in tok.top_logprobs] == np.argsort(-row)[:2].tolist()
