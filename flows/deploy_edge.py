@@ -29,12 +29,13 @@ def fetch(profile: str, alias: str) -> tuple[str, str]:
 @task
 def check_serving(profile: str, version: str, package: str) -> dict | None:
     """Is this exact version already serving here, proxied and healthy? (then there is nothing to roll out)"""
-    from tasks.deploy import already_serving, public_url, smoke_chat
+    from tasks.deploy import already_serving, client_headers, public_url, smoke_chat
 
     p = load_profile(profile)
     serving = already_serving(p, version, Path(package))
     # still prove the stable port answers a chat, as a real rollout would
-    return serving and serving | {"smoke_answer": smoke_chat(public_url(p), p.registry.model_name, p.deploy.smoke_prompt)}
+    return serving and serving | {"smoke_answer": smoke_chat(public_url(p), p.registry.model_name, p.deploy.smoke_prompt,
+                                                             headers=client_headers(p))}
 
 
 @task
@@ -78,10 +79,11 @@ def deploy_edge(profile: str, alias: str = "staging", force: bool = False) -> di
     """Registered version in, a healthy server behind the stable port out (or the old one, untouched)."""
     from prefect.runtime import flow_run
 
-    from tasks.deploy import public_url
+    from tasks.deploy import check_exposure, public_url
 
     outcome: dict = {"alias": alias, "prefect_flow_run_id": flow_run.get_id()}
     try:
+        check_exposure(load_profile(profile))  # before anything is fetched or started
         version, package = fetch(profile, alias)
         outcome["version"] = version
         serving = None if force else check_serving(profile, version, package)

@@ -70,6 +70,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     StrictBool,
     StrictInt,
     StrictStr,
@@ -77,8 +78,11 @@ from pydantic import (
     model_validator,
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from serving.access_log import AccessLog
+from serving.auth import ApiKeyAuth, load_keys
+from tasks.pii import scrub_value
 from serving.decoding import Piece, TextStream, chat_logprobs, completion_logprobs
 from tasks.engines.sampling import MAX_TOP_LOGPROBS, SamplingParams
 from serving.conversation import condense
@@ -136,6 +140,21 @@ class ServerSettings(BaseModel):
     watchdog_stall_s: float = Field(
         default=30.0, ge=0, description="Exit (for the supervisor to restart) when an engine call makes no progress "
         "for this long; 0 turns the watchdog off.",
+    )
+    api_key: SecretStr | None = Field(
+        default=None, description="Key clients must send (Authorization: Bearer); prefer api_key_file or $EDGEFLOW_API_KEY, "
+        "which stay out of the process list. Unset everywhere: no key is asked.",
+    )
+    api_key_file: Path | None = Field(
+        default=None, description="File of accepted keys, one per line (# comments); several lines rotate keys.",
+    )
+    auth_probes: bool = Field(
+        default=False, description="With a key configured, /health, /ready and /metrics need it too "
+        "(Prometheus and the blackbox exporter then send it).",
+    )
+    scrub_access_log: bool = Field(
+        default=True, description="Scrub PII and secrets (tasks.pii) from each access-log record before it is written; "
+        "false keeps raw text, for an operator debugging a device only.",
     )
     fault_stall_after_tokens: int | None = Field(
         default=None, ge=0, description="Chaos testing only: every engine call hangs forever after this many tokens, "
@@ -257,7 +276,11 @@ class Feedback(_Request):
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
+    401: "invalid_request_error",
     404: "invalid_request_error",
+    405: "invalid_request_error",
+    408: "invalid_request_error",
+    415: "invalid_request_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
@@ -304,6 +327,15 @@ class ApiError(Exception):
 _UNION_TAG = re.compile(r"^(str|int|float|bool|none|.*[\[\]-].*)$")
 
 
+def _shown(value: Any, limit: int = 80) -> str:
+    """A short rendering of a client's value for an error message; never raises (huge ints, odd types)."""
+    try:
+        text = json.dumps(value, default=str)
+    except (ValueError, TypeError, RecursionError):
+        text = f"<{type(value).__name__}>"
+    return text[:limit] + ("…" if len(text) > limit else "")
+
+
 def _validation_error(exc: ValidationError) -> ApiError:
     parts, first_loc = [], None
     for err in exc.errors(include_url=False):
@@ -311,8 +343,7 @@ def _validation_error(exc: ValidationError) -> ApiError:
         # so the path reads like the JSON the client sent.
         loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and _UNION_TAG.match(p)))
         first_loc = first_loc or loc or None
-        got = err.get("input")
-        shown = "" if err["type"] == "missing" else f" (got {json.dumps(got, default=str)[:80]})"
+        shown = "" if err["type"] == "missing" else f" (got {_shown(err.get('input'))})"
         parts.append(f"{loc or 'body'}: {err['msg']}{shown}")
     return ApiError(422, "; ".join(parts), param=first_loc, code="invalid_value")
 
@@ -761,7 +792,7 @@ class RequestRecord:
             if self.completion_tokens > 1 and self.first_token_at is not None and self.last_token_at is not None:
                 m.tpot.observe((self.last_token_at - self.first_token_at) / (self.completion_tokens - 1))
         if self.state.access_log is not None:
-            self.state.access_log.write(
+            self.state.log(
                 {
                     "ts": _utc_now(),
                     "id": self.id,
@@ -810,6 +841,24 @@ class AppState:
         restarts = os.environ.get("EDGEFLOW_SERVER_RESTARTS", "0")
         self.metrics.restarts.set(int(restarts) if restarts.isdigit() else 0)
 
+    # The fields of a record that carry client or model text (ids, timings and versions carry none).
+    TEXT_FIELDS = ("messages", "prompt", "response", "error", "comment")
+
+    def log(self, record: dict[str, Any]) -> None:
+        """Write one access-log record, PII and secrets scrubbed first (tasks.pii) unless scrub_access_log
+        is off: raw prompts never rest on the device. What was replaced is counted in `pii_scrubbed`."""
+        if self.access_log is None:
+            return
+        if self.settings.scrub_access_log:
+            found: dict[str, int] = {}
+            for key in self.TEXT_FIELDS:
+                if record.get(key) is not None:
+                    record[key], hits = scrub_value(record[key])
+                    for kind, n in hits.items():
+                        found[kind] = found.get(kind, 0) + n
+            record["pii_scrubbed"] = found
+        self.access_log.write(record)
+
     def engine_stalled(self, reason: str) -> None:
         """The watchdog fired: fail the probes and end every open generation with the reason."""
         self.runtime.state, self.runtime.reason = "failed", reason
@@ -822,27 +871,84 @@ class AppState:
 # --------------------------------------------------------------------------------------------
 
 
-async def _read_json(request: Request, limit: int) -> Any:
+MAX_JSON_DEPTH = 32  # the deepest request body the schemas have is 5 (messages[].content[].text)
+_JSON_TYPES = ("application/json", "+json")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (numbers must be finite)")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"number {text[:40]} is too large for a float")
+    return value
+
+
+def _check_json(value: Any) -> None:
+    """Refuse what json.loads lets through but no field can hold: lone surrogates (not Unicode text,
+    they cannot be encoded back to UTF-8) and nesting deeper than MAX_JSON_DEPTH. Iterative: no recursion."""
+    stack: list[tuple[Any, str, int]] = [(value, "body", 0)]
+    while stack:
+        v, where, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ApiError(400, f"request body nests deeper than {MAX_JSON_DEPTH} levels at {where}; flatten it",
+                           code="invalid_json")
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ApiError(400, f"{where}: text holds a lone UTF-16 surrogate (not valid Unicode); send UTF-8 text",
+                               param=where if where != "body" else None, code="invalid_text") from None
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                stack.append((k, where, depth + 1))
+                stack.append((item, f"{where}.{k}" if where != "body" else str(k), depth + 1))
+        elif isinstance(v, list):
+            stack.extend((item, f"{where}[{i}]", depth + 1) for i, item in enumerate(v))
+
+
+async def _read_json(request: Request, limit: int, timeout_s: float) -> Any:
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype and not any(ctype == t or ctype.endswith(t) for t in _JSON_TYPES):
+        raise ApiError(415, f"Content-Type {ctype!r} is not JSON; send the body as application/json",
+                       code="unsupported_media_type")
     length = request.headers.get("content-length")
     if length and length.isdigit() and int(length) > limit:
         raise ApiError(
             413, f"request body is {int(length)} bytes; the limit is max_body_bytes={limit}", code="request_too_large"
         )
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:  # chunked uploads carry no Content-Length: stop reading at the limit
-            raise ApiError(
-                413, f"request body exceeds {limit} bytes; the limit is max_body_bytes={limit}", code="request_too_large"
-            )
-        chunks.append(chunk)
-    raw = b"".join(chunks)
+
+    async def read() -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:  # chunked uploads carry no Content-Length: stop reading at the limit
+                raise ApiError(
+                    413, f"request body exceeds {limit} bytes; the limit is max_body_bytes={limit}", code="request_too_large"
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        raw = await asyncio.wait_for(read(), timeout_s)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within request_timeout_s={timeout_s}", code="request_timeout") from None
+    except ClientDisconnect:
+        raise ApiError(499, "client disconnected before the request body was complete", code="client_closed_request") from None
     if not raw.strip():
         raise ApiError(400, "request body is empty; expected a JSON object", code="invalid_json")
     try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+        body = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
+    except UnicodeDecodeError as e:
+        raise ApiError(400, f"request body is not UTF-8 text: {e}; send UTF-8 JSON", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, f"request body nests too deep to parse; the limit is {MAX_JSON_DEPTH} levels", code="invalid_json") from None
+    except ValueError as e:  # JSONDecodeError, NaN/Infinity, integers past Python's 4300-digit limit
+        raise ApiError(400, f"request body is not valid JSON: {str(e)[:200]}", code="invalid_json") from None
+    _check_json(body)
+    return body
 
 
 def _sse(obj: Any) -> str:
@@ -877,7 +983,7 @@ async def _handle(request: Request, state: AppState, endpoint: str) -> Response:
     rec.conversation_id = (request.headers.get("x-conversation-id") or "")[:128] or None
     state.metrics.received.labels(endpoint=endpoint).inc()
     try:
-        body = await _read_json(request, s.max_body_bytes)
+        body = await _read_json(request, s.max_body_bytes, s.request_timeout_s)
         if isinstance(body, dict):  # so rejected requests are logged with what they asked for
             rec.model = body.get("model")
             rec.input = body.get(rec.input_key)
@@ -1189,6 +1295,7 @@ def create_app(engine_dir: Path, settings: ServerSettings) -> FastAPI:
     engine_dir = Path(engine_dir)
     if settings.model_name is None:
         settings = settings.model_copy(update={"model_name": engine_dir.resolve().name})
+    keys = load_keys(settings.api_key.get_secret_value() if settings.api_key else None, settings.api_key_file)
     runtime = Runtime(engine_dir, settings)
     state = AppState(runtime, settings)
 
@@ -1210,6 +1317,13 @@ def create_app(engine_dir: Path, settings: ServerSettings) -> FastAPI:
 
     app = FastAPI(title="edgeflow edge server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.edgeflow = state
+    app.state.auth = bool(keys)
+
+    def rejected(path: str) -> None:
+        known = path if path in (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, "/feedback", "/health", "/ready", "/metrics") else "other"
+        state.metrics.requests.labels(endpoint=known, status="401").inc()
+
+    app.add_middleware(ApiKeyAuth, keys=keys, protect_probes=settings.auth_probes, on_reject=rejected)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -1267,13 +1381,15 @@ def create_app(engine_dir: Path, settings: ServerSettings) -> FastAPI:
 
     @app.get("/")
     async def chat_page() -> Response:
-        page = CHAT_PAGE.read_text(encoding="utf-8").replace("{{MODEL}}", json.dumps(settings.model_name).replace("<", "\\u003c"))
+        page = (CHAT_PAGE.read_text(encoding="utf-8")
+                .replace("{{MODEL}}", json.dumps(settings.model_name).replace("<", "\\u003c"))
+                .replace("{{AUTH}}", "true" if keys else "false"))
         return Response(page, media_type="text/html; charset=utf-8", headers={"Cache-Control": "no-cache"})
 
     @app.post("/feedback")
     async def feedback(request: Request) -> JSONResponse:
         try:
-            fb = Feedback.model_validate(await _read_json(request, settings.max_body_bytes))
+            fb = Feedback.model_validate(await _read_json(request, settings.max_body_bytes, settings.request_timeout_s))
         except ValidationError as e:
             return _validation_error(e).response()
         except ApiError as e:
@@ -1281,7 +1397,7 @@ def create_app(engine_dir: Path, settings: ServerSettings) -> FastAPI:
         state.metrics.feedback.labels(kind=fb.feedback).inc()
         record_id = f"fb-{uuid.uuid4().hex}"
         if state.access_log is not None:
-            state.access_log.write({
+            state.log({
                 "ts": _utc_now(), "id": record_id, "kind": "feedback", "engine_version": runtime.engine_version,
                 "model": settings.model_name, **fb.model_dump(mode="json"),
             })

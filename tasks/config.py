@@ -369,7 +369,16 @@ class NightlyConfig(_Strict):
 
 
 class DeployConfig(_Strict):
-    host: str = Field(default="127.0.0.1", description="Address the edge server binds.")
+    host: str = Field(default="127.0.0.1", description="Address the edge server binds; anything but loopback needs an API key "
+                      "(api_key_file, or EDGEFLOW_API_KEY in the device's environment).")
+    api_key_file: str | None = Field(
+        default=None, description="File on the device with the keys clients must send (one per line, # comments); the "
+        "edge servers read it at start, so editing it and redeploying rotates keys. None: $EDGEFLOW_API_KEY, else no key.",
+    )
+    auth_probes: bool = Field(
+        default=False, description="With a key: /health, /ready and /metrics need it too (Prometheus then sends it: "
+        "infra/prometheus/prometheus-auth.yml).",
+    )
     port: int = Field(default=8000, ge=1, le=65535, description="Stable port clients use (the device's proxy).")
     side_ports: list[int] = Field(
         default=[8001, 8002], min_length=2, max_length=2,

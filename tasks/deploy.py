@@ -170,6 +170,7 @@ def ensure_proxy(profile: Profile, timeout: float = 30) -> dict:
             f"port {profile.deploy.port} (deploy.port) answers but is not the edgeflow proxy ({r.status_code} on "
             f"{_control_url(profile)}); stop what listens there (make down) or choose another deploy.port"
         )
+    check_exposure(profile)
     _spawn(profile, "edge-proxy", [
         sys.executable, "-m", "serving.proxy", "--host", profile.deploy.host, "--port", str(profile.deploy.port),
         "--state", str(device_dir(profile) / "proxy.json"),
@@ -187,6 +188,39 @@ def side_port(profile: Profile) -> int:
     current = (read_state(profile).get("current") or {}).get("port")
     free = [p for p in profile.deploy.side_ports if p != current]
     return free[0]
+
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def api_keys(profile: Profile) -> frozenset[str]:
+    """The keys this device's servers will ask for (deploy.api_key_file, else $EDGEFLOW_API_KEY); empty: none."""
+    from serving.auth import load_keys
+
+    path = profile.deploy.api_key_file
+    try:
+        return load_keys(None, Path(path) if path else None)
+    except ValueError as e:
+        raise ValueError(f"deploy.api_key_file: {e}") from None
+
+
+def check_exposure(profile: Profile) -> None:
+    """Refuse to bind anything but loopback without an API key: a device's model and feedback log are not public."""
+    host = profile.deploy.host
+    if host in LOOPBACK or host.startswith("127."):
+        return
+    if not api_keys(profile):
+        raise ValueError(
+            f"deploy.host={host!r} exposes the edge server beyond this device but no API key is configured; set "
+            "deploy.api_key_file to a file of keys on the device (or EDGEFLOW_API_KEY in its environment), or bind "
+            "deploy.host: 127.0.0.1"
+        )
+
+
+def client_headers(profile: Profile) -> dict[str, str]:
+    """Headers the deploy's own health checks and smoke chat send (a key when the servers ask for one)."""
+    keys = sorted(api_keys(profile))
+    return {"Authorization": f"Bearer {keys[0]}"} if keys else {}
 
 
 def start_server(profile: Profile, engine_dir: Path, version: str, port: int) -> int:
@@ -209,6 +243,8 @@ def start_server(profile: Profile, engine_dir: Path, version: str, port: int) ->
         "--model-name", profile.registry.model_name,
         "--engine-version", version,
         "--access-log", str(access_log),
+        *(["--api-key-file", str(Path(profile.deploy.api_key_file).resolve())] if profile.deploy.api_key_file else []),
+        "--auth-probes", "true" if profile.deploy.auth_probes else "false",
     ])
 
 
@@ -221,8 +257,9 @@ def start_candidate(profile: Profile, engine_dir: Path, version: str, package: P
     pid = start_server(profile, engine_dir, version, port)
     url = f"http://127.0.0.1:{port}"
     try:
-        health = wait_healthy(url, profile.deploy.health_timeout_s, pid)
-        answer = smoke_chat(url, profile.registry.model_name, profile.deploy.smoke_prompt)
+        headers = client_headers(profile)
+        health = wait_healthy(url, profile.deploy.health_timeout_s, pid, headers)
+        answer = smoke_chat(url, profile.registry.model_name, profile.deploy.smoke_prompt, headers=headers)
     except BaseException:
         _stop_pid(pid)
         (_run_dir(profile) / f"edge-server-{port}.pid").unlink(missing_ok=True)
@@ -255,7 +292,7 @@ def switch_to(profile: Profile, candidate: dict) -> dict:
     return {"switched_from": old and old.get("version"), "drained": drained}
 
 
-def wait_healthy(base_url: str, timeout: float, pid: int | None = None) -> dict:
+def wait_healthy(base_url: str, timeout: float, pid: int | None = None, headers: dict[str, str] | None = None) -> dict:
     """Poll /health until it answers 200 (a real one-token generation), or fail with the last answer."""
     deadline = time.time() + timeout
     last = "no answer"
@@ -266,7 +303,7 @@ def wait_healthy(base_url: str, timeout: float, pid: int | None = None) -> dict:
             except ProcessLookupError:
                 raise RuntimeError(f"edge server (pid {pid}) exited before becoming healthy; see its log under logs/edge-server-<port>.log")
         try:
-            r = httpx.get(f"{base_url}/health", timeout=10)
+            r = httpx.get(f"{base_url}/health", timeout=10, headers=headers)
             if r.status_code == 200:
                 return r.json()
             last = f"{r.status_code} {r.text[:200]}"
@@ -276,7 +313,7 @@ def wait_healthy(base_url: str, timeout: float, pid: int | None = None) -> dict:
     raise TimeoutError(f"{base_url}/health not healthy after {timeout:.0f}s (deploy.health_timeout_s); last: {last}")
 
 
-def smoke_chat(base_url: str, model: str, prompt: str, max_tokens: int = 48) -> str:
+def smoke_chat(base_url: str, model: str, prompt: str, max_tokens: int = 48, headers: dict[str, str] | None = None) -> str:
     """Send one streamed chat request; it must end properly ([DONE], a finish_reason) with at least one
     generated token. Returns the answer text.
 
@@ -288,7 +325,7 @@ def smoke_chat(base_url: str, model: str, prompt: str, max_tokens: int = 48) -> 
             "stream_options": {"include_usage": True}}
     parts: list[str] = []
     finish, usage, done = None, None, False
-    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=120) as r:
+    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=120, headers=headers) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if line == "data: [DONE]":
@@ -324,7 +361,8 @@ def already_serving(profile: Profile, version: str, package: Path) -> dict | Non
         upstream = httpx.get(_control_url(profile), timeout=2).json().get("upstream")
         if upstream != current.get("port"):
             return None
-        health = httpx.get(f"http://127.0.0.1:{current['port']}/health", timeout=profile.deploy.health_timeout_s)
+        health = httpx.get(f"http://127.0.0.1:{current['port']}/health", timeout=profile.deploy.health_timeout_s,
+                           headers=client_headers(profile))
     except (httpx.HTTPError, ValueError):
         return None
     return current | {"health": health.json()} if health.status_code == 200 else None

@@ -30,13 +30,18 @@ class LiveServer:
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
+        from serving.auth import load_keys
+
+        key = self.settings.api_key
+        keys = sorted(load_keys(key.get_secret_value() if key else None, self.settings.api_key_file))
+        self.headers = {"Authorization": f"Bearer {keys[0]}"} if keys else {}
 
     def __enter__(self) -> LiveServer:
         self.thread.start()
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}/ready", timeout=2, headers=self.headers).status_code == 200:
                     return self
             except httpx.TransportError:
                 pass

@@ -48,15 +48,58 @@ def _query(prom: str, expr: str) -> list[dict]:
     return r.json()["data"]["result"]
 
 
+KEY = "monitoring-key-0123456789abcdef"
+CREDENTIALS = "/etc/edgeflow/monitoring-key"
+
+
+def _without_auth(cfg: dict) -> dict:
+    for job in cfg.get("scrape_configs", []):
+        job.pop("authorization", None)
+        if "params" in job:
+            job["params"]["module"] = [m.removesuffix("_auth") for m in job["params"]["module"]]
+    return cfg
+
+
+def test_auth_configs_differ_from_the_plain_ones_only_in_the_credentials():
+    plain = yaml.safe_load((PROM / "prometheus.yml").read_text())
+    auth = yaml.safe_load((PROM / "prometheus-auth.yml").read_text())
+    assert all(j["authorization"]["credentials_file"] == CREDENTIALS for j in auth["scrape_configs"] if j["job_name"] == "edgeflow-edge")
+    assert _without_auth(auth) == plain
+    modules = yaml.safe_load((PROM / "blackbox.yml").read_text())["modules"]
+    keyed = modules["edgeflow_health_auth"]
+    assert keyed["http"].pop("authorization")["credentials_file"] == CREDENTIALS
+    assert keyed == modules["edgeflow_health"]
+
+
+@needs_promtool
+def test_auth_config_is_valid_with_its_credentials_file(tmp_path):
+    key = tmp_path / "monitoring-key"
+    key.write_text(KEY)
+    (tmp_path / "prometheus.yml").write_text((PROM / "prometheus-auth.yml").read_text().replace(CREDENTIALS, str(key)))
+    shutil.copy(PROM / "alerts.yml", tmp_path)
+    config = subprocess.run([PROMTOOL, "check", "config", "prometheus.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert config.returncode == 0, config.stdout + config.stderr
+
+
 @pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("prometheus-blackbox-exporter")),
                     reason="prometheus / blackbox exporter not installed (.ci/run installs them)")
-def test_prometheus_scrapes_the_server_and_probes_its_deep_health(engine_dir, tmp_path):
-    """The shipped scrape and probe configs, pointed at a live server, see traffic and a healthy probe."""
+@pytest.mark.parametrize("auth", [False, True], ids=["open", "keyed-probes"])
+def test_prometheus_scrapes_the_server_and_probes_its_deep_health(engine_dir, tmp_path, auth: bool):
+    """The shipped scrape and probe configs, pointed at a live server, see traffic and a healthy probe; for a
+    server whose probes need the key, the -auth config and module send it (and without it /metrics is 401)."""
     procs: list[subprocess.Popen] = []
-    with LiveServer(engine_dir, model_name="tiny-edge") as server:
+    settings = {"api_key": KEY, "auth_probes": True} if auth else {}
+    headers = {"Authorization": f"Bearer {KEY}"} if auth else {}
+    with LiveServer(engine_dir, model_name="tiny-edge", **settings) as server:
         try:
             bb_port, prom_port = _free_port(), _free_port()
-            cfg = yaml.safe_load((PROM / "prometheus.yml").read_text())
+            key = tmp_path / "monitoring-key"
+            key.write_text(KEY + "\n")
+            blackbox = tmp_path / "blackbox.yml"
+            blackbox.write_text((PROM / "blackbox.yml").read_text().replace(CREDENTIALS, str(key)))
+            if auth:
+                assert httpx.get(f"{server.url}/metrics", timeout=5).status_code == 401
+            cfg = yaml.safe_load((PROM / ("prometheus-auth.yml" if auth else "prometheus.yml")).read_text().replace(CREDENTIALS, str(key)))
             cfg["global"].update(scrape_interval="1s", evaluation_interval="1s")
             cfg["rule_files"] = [str(PROM / "alerts.yml")]
             target = f"127.0.0.1:{server.port}"
@@ -65,14 +108,15 @@ def test_prometheus_scrapes_the_server_and_probes_its_deep_health(engine_dir, tm
             jobs["edgeflow-health"]["static_configs"][0]["targets"] = [f"http://{target}/health"]
             jobs["edgeflow-health"]["relabel_configs"][-1]["replacement"] = f"127.0.0.1:{bb_port}"
             (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-            procs.append(_start(["prometheus-blackbox-exporter", f"--config.file={PROM / 'blackbox.yml'}",
+            procs.append(_start(["prometheus-blackbox-exporter", f"--config.file={blackbox}",
                                  f"--web.listen-address=127.0.0.1:{bb_port}"], tmp_path / "blackbox.log"))
             procs.append(_start(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
                                  f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
                                 tmp_path / "prometheus.log"))
             prom = f"http://127.0.0.1:{prom_port}"
-            httpx.post(f"{server.url}/v1/chat/completions", timeout=60,
-                       json={"model": "tiny-edge", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+            r = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, headers=headers,
+                           json={"model": "tiny-edge", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+            assert r.status_code == 200, r.text
             deadline = time.monotonic() + 60
             seen: dict[str, list] = {}
             while time.monotonic() < deadline:

@@ -77,3 +77,33 @@ def test_type_see_tokens_stream_click_feedback_and_find_the_record(browser, engi
     assert feedback["timings"]["ttft_ms"] > 0 and feedback["timings"]["total_ms"] >= feedback["timings"]["ttft_ms"]
     assert feedback["timings"]["tokens"] == request["completion_tokens"]
     assert feedback["engine_version"] == request["engine_version"]
+
+
+def test_the_page_works_with_a_key(browser, engine_dir, tmp_path):
+    """A keyed server (probes too): the page asks for the key, then chats and records feedback with it."""
+    key = "page-key-0123456789abcdef"
+    access = tmp_path / "access.jsonl"
+    with LiveServer(engine_dir, model_name=MODEL, access_log=access, max_tokens_limit=16, api_key=key,
+                    auth_probes=True) as server:
+        page = browser.new_page()
+        page.goto(server.url + "/")
+        page.wait_for_function("document.getElementById('status').textContent === 'enter the API key'", timeout=30_000)
+        assert page.is_visible("#key")
+        page.fill("#key", "wrong-key-0123456789abcdef")
+        page.dispatch_event("#key", "change")
+        page.fill("#input", "Hello?")
+        page.keyboard.press("Enter")
+        page.wait_for_selector(".assistant[data-state='error']", timeout=30_000)
+        assert "API key is not valid" in page.text_content(".assistant .text")
+        page.fill("#key", key)
+        page.dispatch_event("#key", "change")
+        page.wait_for_function("document.getElementById('status').textContent === 'ready'", timeout=30_000)
+        page.fill("#input", "Tell me about green tea.")
+        page.keyboard.press("Enter")
+        page.wait_for_selector(".assistant[data-state='done']", timeout=60_000)
+        page.click(".assistant[data-state='done'] button[data-kind='slow']")
+        page.wait_for_selector(".assistant[data-state='done'] .feedback-status", timeout=10_000)
+        assert page.text_content(".assistant[data-state='done'] .feedback-status") == "thanks, recorded"
+        page.close()
+    kinds = [json.loads(line)["kind"] for line in access.read_text().splitlines()]
+    assert kinds.count("request") == 1 and kinds.count("feedback") == 1  # the rejected request never reached the log

@@ -1,0 +1,47 @@
+"""deploy-edge's exposure rule (tasks/deploy.py): nothing but loopback is bound without an API key."""
+from __future__ import annotations
+
+import pytest
+
+from serving.auth import KEY_ENV
+from tasks.config import REPO_ROOT, load_profile
+from tasks.deploy import check_exposure, client_headers
+
+
+def _profile(**deploy):
+    p = load_profile(REPO_ROOT / "configs" / "demo-cpu.yaml")
+    return p.model_copy(update={"deploy": p.deploy.model_copy(update=deploy)})
+
+
+@pytest.fixture(autouse=True)
+def _no_env_key(monkeypatch):
+    monkeypatch.delenv(KEY_ENV, raising=False)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.20"])
+def test_public_bind_without_a_key_is_refused_naming_the_setting(host) -> None:
+    with pytest.raises(ValueError, match=r"deploy.host=.*deploy.api_key_file.*EDGEFLOW_API_KEY"):
+        check_exposure(_profile(host=host))
+
+
+def test_loopback_needs_no_key_and_a_key_file_or_env_opens_public_binds(tmp_path, monkeypatch) -> None:
+    check_exposure(_profile(host="127.0.0.1"))
+    assert client_headers(_profile()) == {}
+    keys = tmp_path / "keys"
+    keys.write_text("device-key-0123456789abcdef\n")
+    p = _profile(host="0.0.0.0", api_key_file=str(keys))
+    check_exposure(p)
+    assert client_headers(p) == {"Authorization": "Bearer device-key-0123456789abcdef"}
+    monkeypatch.setenv(KEY_ENV, "env-key-0123456789abcdef")
+    check_exposure(_profile(host="0.0.0.0"))
+
+
+def test_a_broken_key_file_names_the_field(tmp_path) -> None:
+    (tmp_path / "keys").write_text("# nothing yet\n")
+    with pytest.raises(ValueError, match="deploy.api_key_file: .*holds no key"):
+        check_exposure(_profile(host="0.0.0.0", api_key_file=str(tmp_path / "keys")))
+
+
+def test_production_profile_sets_a_key_file() -> None:
+    prod = load_profile(REPO_ROOT / "configs" / "production-a100-orin.yaml")
+    assert prod.deploy.host == "0.0.0.0" and prod.deploy.api_key_file
