@@ -1324,6 +1324,7 @@ def create_app(engine_dir: Path, settings: ServerSettings) -> FastAPI:
         state.metrics.requests.labels(endpoint=known, status="401").inc()
 
     app.add_middleware(ApiKeyAuth, keys=keys, protect_probes=settings.auth_probes, on_reject=rejected)
+    app.openapi = lambda: _openapi(app)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -1404,6 +1405,30 @@ def create_app(engine_dir: Path, settings: ServerSettings) -> FastAPI:
         return JSONResponse({"status": "recorded", "id": record_id, "access_log": state.access_log is not None})
 
     return app
+
+
+_BODIES = ((CHAT_ENDPOINT, "ChatRequest"), (COMPLETIONS_ENDPOINT, "CompletionRequest"), ("/feedback", "Feedback"))
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """The server's OpenAPI document (GET /openapi.json) with the request bodies the handlers validate
+    themselves (they read the raw body to answer 413/415/400 before any parsing), so clients and fuzzers
+    (tests/serving/test_fuzz.py) see every field, type and limit."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    from fastapi.openapi.utils import get_openapi
+
+    doc = get_openapi(title=app.title, version="1", routes=app.routes)
+    components = doc.setdefault("components", {}).setdefault("schemas", {})
+    models = {"ChatRequest": ChatRequest, "CompletionRequest": CompletionRequest, "Feedback": Feedback}
+    for path, name in _BODIES:
+        js = models[name].model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(js.pop("$defs", {}))
+        components[name] = js
+        doc["paths"][path]["post"]["requestBody"] = {
+            "required": True, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}
+    app.openapi_schema = doc
+    return doc
 
 
 async def _handle_safely(request: Request, state: AppState, endpoint: str) -> Response:
