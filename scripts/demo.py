@@ -5,12 +5,11 @@
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
 import time
 from pathlib import Path
 
-import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -49,14 +48,24 @@ def main() -> int:
     if report.get("deploy"):
         question = "Name three uses of a microcontroller."
         print(f"\nStreaming a chat from the deployed {report['staging']} engine at {server}:\n> {question}\n", flush=True)
-        body = {"model": p.registry.model_name, "messages": [{"role": "user", "content": question}], "max_tokens": 96, "stream": True}
-        with httpx.stream("POST", f"{server}/v1/chat/completions", json=body, timeout=120) as r:
-            r.raise_for_status()
-            for line in r.iter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    for ch in json.loads(line[6:]).get("choices", []):
-                        print(ch.get("delta", {}).get("content") or "", end="", flush=True)
-        print()
+        from openai import OpenAI
+
+        client = OpenAI(base_url=f"{server}/v1", api_key=os.environ.get("EDGEFLOW_API_KEY", "none"), max_retries=0)
+        kw = dict(model=p.registry.model_name, messages=[{"role": "user", "content": question}], max_tokens=96,
+                  temperature=0.7, top_p=0.9, seed=1, stop=["\n\n\n"], stream=True)
+        answers = []
+        for shown in (True, False):  # the same seed and request twice: the same answer
+            parts = []
+            for chunk in client.chat.completions.create(**kw):
+                for ch in chunk.choices:
+                    parts.append(ch.delta.content or "")
+                    if shown:
+                        print(ch.delta.content or "", end="", flush=True)
+            answers.append("".join(parts))
+        print(f"\n\n(temperature 0.7, top_p 0.9, seed 1; asked twice, the same answer: {answers[0] == answers[1]})")
+        if answers[0] != answers[1]:
+            print("error: the same seed gave two different answers", file=sys.stderr)
+            return 1
     c = MlflowClient(tracking_uri())
     exp_id = c.get_run(report["mlflow_parent_run_id"]).info.experiment_id
     print(f"\nReport:       {REPO / 'reports' / (report['release_id'] + '.md')}")
