@@ -172,7 +172,7 @@ class BuildProfile(BaseModel):
         if self.tokens_per_block & (self.tokens_per_block - 1) or not 16 <= self.tokens_per_block <= 256:
             raise ValueError(f"tokens_per_block={self.tokens_per_block} must be a power of two in [16, 256]")
         if self.max_beam_width != 1:
-            raise ValueError(f"max_beam_width={self.max_beam_width}: greedy decoding only, set 1")
+            raise ValueError(f"max_beam_width={self.max_beam_width}: edgeflow decodes with beam width 1 (greedy or sampling), set 1")
         for name in ("gemm_plugin", "gpt_attention_plugin"):
             value = getattr(self, name)
             allowed = {"auto", self.dtype} | ({"disable"} if name == "gemm_plugin" else set())

@@ -681,6 +681,28 @@ def test_generate_streams_and_stops_before_stop_token(fake_bindings):
     assert ex3.cancelled == [1]
 
 
+def test_sampling_goes_to_the_runtime_sampler(fake_bindings):
+    from tasks.engines.sampling import SamplingParams
+
+    ex = _FakeExecutor([[5], [6]])
+    p = SamplingParams(temperature=0.7, top_p=0.9, top_k=40, seed=3, frequency_penalty=0.5, repetition_penalty=1.1)
+    assert list(trt.generate(_session(ex), [1], 2, [], p)) == [5, 6]
+    assert ex.requests[0].sampling_config == {"beam_width": 1, "temperature": 0.7, "top_k": 40, "top_p": 0.9, "seed": 3,
+                                              "repetition_penalty": 1.1, "frequency_penalty": 0.5}
+    # the v0.12.0-jetson runtime spells the seed random_seed (and, being pybind11, rejects unknown keywords)
+    def jetson_config(*, beam_width=1, temperature=None, top_k=None, top_p=None, random_seed=None):
+        return {k: v for k, v in dict(beam_width=beam_width, temperature=temperature, top_k=top_k, top_p=top_p,
+                                      random_seed=random_seed).items() if v is not None}
+
+    fake_bindings.SamplingConfig = jetson_config
+    ex2 = _FakeExecutor([[5]])
+    list(trt.generate(_session(ex2), [1], 1, [], SamplingParams(temperature=1.0, seed=9)))
+    assert ex2.requests[0].sampling_config == {"beam_width": 1, "temperature": 1.0, "random_seed": 9}
+    # greedy stays top_k=1 even with a seed; logprobs are not offered (the server answers 400)
+    assert trt.sampling_kwargs(SamplingParams(seed=4)) == {"top_k": 1, "seed": 4}
+    assert "logprobs" not in trt.sampling_support() and "temperature" in trt.sampling_support()
+
+
 def test_generate_checks_lengths(fake_bindings):
     s = _session(_FakeExecutor([[5]]))
     assert list(trt.generate(s, [1], 0, [2])) == []

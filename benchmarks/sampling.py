@@ -1,0 +1,93 @@
+"""What sampling costs on an engine, and how tight the native head's bound is.
+
+    python benchmarks/sampling.py --engine .edgeflow/device/engines/<key> --tokens 96 --repeats 3
+
+For each setting (greedy; temperature 0.7 + top_p 0.9; temperature 1.0; temperature 0.7 with
+frequency/presence penalties; greedy with logprobs) it decodes --tokens new tokens on each prompt
+(EOS ignored), --repeats times, and reports the median tokens/s. On cpu_native it also reports the
+mean number of rows rescored in fp32 per sampled step (the candidates whose probability can exceed
+1e-6), how often the full fp32 head ran instead, and the largest bound on the probability mass left
+out in any step. Prints a markdown table, the CPU, then the raw numbers as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from serving.tokenizer import LightTokenizer  # noqa: E402
+from tasks.engines import get_backend  # noqa: E402
+from tasks.engines.sampling import SamplingParams  # noqa: E402
+
+PROMPTS = ("What is the capital of France?", "Write a haiku about the sea.", "Explain photosynthesis in one sentence.")
+SETTINGS = {
+    "greedy": None,
+    "temperature 0.7, top_p 0.9": SamplingParams(temperature=0.7, top_p=0.9, seed=1),
+    "temperature 1.0": SamplingParams(temperature=1.0, seed=1),
+    "temperature 0.7 + penalties 0.5/0.5": SamplingParams(temperature=0.7, frequency_penalty=0.5, presence_penalty=0.5, seed=1),
+    "greedy + logprobs (top 5)": SamplingParams(logprobs=True, top_logprobs=5),
+}
+
+
+def _cpu() -> str:
+    model, flags = "unknown", set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name") and model == "unknown":
+            model = line.split(":", 1)[1].strip()
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+    return f"{model} ({os.cpu_count()} CPUs; {', '.join(f for f in ('avx2', 'fma', 'avx512f') if f in flags)})"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", type=Path, required=True)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args()
+    meta = json.loads((a.engine / "engine.json").read_text())
+    backend = get_backend(meta["backend"])
+    session = backend.load(a.engine)
+    tok = LightTokenizer(a.engine)
+    prompts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False) for p in PROMPTS]
+    ids = [list(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+    list(backend.generate(session, ids[0], 8, []))  # warm-up
+    rows = []
+    for name, params in SETTINGS.items():
+        stats = getattr(session, "stats", None)
+        before = dict(stats) if stats else {}
+        if stats is not None:
+            stats["sampling_excluded_mass_max"] = 0.0
+        speeds = []
+        for _ in range(a.repeats):
+            n, t0 = 0, time.perf_counter()
+            for p in ids:
+                n += len(list(backend.generate(session, p, a.tokens, [], params)))
+            speeds.append(n / (time.perf_counter() - t0))
+        row = {"setting": name, "tok_s": round(statistics.median(speeds), 1)}
+        if stats is not None:
+            sampled = stats["sampled"] - before.get("sampled", 0)
+            row |= {"sampled_steps": sampled,
+                    "mean_candidates": round((stats["sampled_candidates"] - before.get("sampled_candidates", 0)) / sampled, 1) if sampled else None,
+                    "full_passes": stats["sampled_full_passes"] - before.get("sampled_full_passes", 0),
+                    "max_left_out_mass": stats["sampling_excluded_mass_max"]}
+        rows.append(row)
+    print(f"Engine: {a.engine} ({meta['backend']}, {meta.get('precision')}); {a.tokens} tokens x {len(ids)} prompts, "
+          f"median of {a.repeats}")
+    print("| setting | tok/s | rows rescored per sampled step | full fp32 passes | largest left-out mass bound |\n|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['setting']} | {r['tok_s']} | {r.get('mean_candidates', '–')} | {r.get('full_passes', '–')} | "
+              f"{r.get('max_left_out_mass', '–') if r.get('sampled_steps') else '–'} |")
+    print(f"CPU: {_cpu()}")
+    print(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
