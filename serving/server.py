@@ -993,7 +993,8 @@ async def _handle(request: Request, state: AppState, endpoint: str) -> Response:
             raise _validation_error(e) from None
         rec.model = req.model
         if chat:
-            rec.input = [m.model_dump(mode="json") for m in req.messages]
+            # as the model saw them: text parts joined (ingestion reads string content only)
+            rec.input = [{"role": m.role, "content": m.text()} for m in req.messages]
         else:
             rec.input = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
         if req.model != s.model_name:
