@@ -671,7 +671,7 @@ def head_sample(session: NativeSession, x: np.ndarray, sampler: Sampler) -> Toke
     cand = np.flatnonzero(mask)
     head = session.head
     if len(cand) > session.max_candidates:  # as head_argmax: past the cap one full fp32 pass is cheaper
-        ids, logits, excluded = np.arange(v), head @ x[0], 0.0
+        ids, logits, excluded = np.arange(v), head @ x[0], 0.0  # numpy's sgemv: memory-bound, as fast as the C fp32 kernel here
         full = True
     else:
         ids, logits = cand, head[cand] @ x[0]
