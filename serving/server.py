@@ -227,7 +227,7 @@ class _GenerationRequest(_Request):
     repetition_penalty: Unit | None = Field(default=None, gt=0, le=10,
                                             description="Extension (as vLLM): divides positive / multiplies negative logits of seen tokens.")
     user: StrictStr | None = Field(default=None, max_length=256, description="Ignored (end-user id).")
-    n: Literal[1] = Field(default=1, description="Only one choice per request.")
+    n: StrictInt = Field(default=1, ge=1, le=128, description="Choices per request; this server returns 1 (400 otherwise).")
 
     def stop_strings(self) -> list[str]:
         return [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else list(self.stop)
@@ -1081,6 +1081,11 @@ def _sampling(req: ChatRequest | CompletionRequest, chat: bool, rt: Runtime) -> 
     """The request's SamplingParams: what it asks, else generation_config.json's defaults, else greedy.
     A parameter the backend cannot honour is a 400 naming it and the backend (never silently greedy)."""
     asked = {k: getattr(req, k) for k in _REQUEST_SAMPLING if getattr(req, k) is not None}
+    if req.n != 1:
+        raise ApiError(
+            400, f"n={req.n}: this server returns one choice per request (engine backend {rt.meta['backend']!r}); "
+            f"send {req.n} requests, with different seeds for different answers", param="n", code="unsupported_parameter",
+        )
     if chat:
         if req.top_logprobs is not None and not req.logprobs:
             raise ApiError(400, f"top_logprobs={req.top_logprobs} needs logprobs: true", param="top_logprobs",

@@ -1031,6 +1031,8 @@ def engine_meta(
         "tokenizer_files": tokenizer_files,
         "end_id": end_id,
         "pad_id": pad_id,
+        "sampling": {"method": "TensorRT-LLM's own sampler (SamplingConfig) on the engine's logits",
+                     "parameters": sorted(SAMPLING_SUPPORT)},
     }
 
 
