@@ -292,16 +292,29 @@ def switch_to(profile: Profile, candidate: dict) -> dict:
     return {"switched_from": old and old.get("version"), "drained": drained}
 
 
+def _alive(pid: int) -> bool:
+    """Is the process still running? A child of this process (the supervisor `_spawn` started) that exited
+    stays a zombie, which signal 0 still reaches, until it is reaped: reap it here."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:  # not our child (or already reaped)
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def wait_healthy(base_url: str, timeout: float, pid: int | None = None, headers: dict[str, str] | None = None) -> dict:
     """Poll /health until it answers 200 (a real one-token generation), or fail with the last answer."""
     deadline = time.time() + timeout
     last = "no answer"
     while time.time() < deadline:
-        if pid is not None:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                raise RuntimeError(f"edge server (pid {pid}) exited before becoming healthy; see its log under logs/edge-server-<port>.log")
+        if pid is not None and not _alive(pid):
+            raise RuntimeError(f"edge server (pid {pid}) exited before becoming healthy; see its log under logs/edge-server-<port>.log")
         try:
             r = httpx.get(f"{base_url}/health", timeout=10, headers=headers)
             if r.status_code == 200:

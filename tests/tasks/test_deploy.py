@@ -45,3 +45,21 @@ def test_a_broken_key_file_names_the_field(tmp_path) -> None:
 def test_production_profile_sets_a_key_file() -> None:
     prod = load_profile(REPO_ROOT / "configs" / "production-a100-orin.yaml")
     assert prod.deploy.host == "0.0.0.0" and prod.deploy.api_key_file
+
+
+def test_a_server_that_exits_fails_the_health_wait_at_once_not_at_the_timeout() -> None:
+    """The supervisor deploy-edge spawns is its child: once it gives up it is a zombie until reaped, which
+    signal 0 still reaches; the wait must see it gone and fail within a poll, not after health_timeout_s."""
+    import subprocess
+    import sys
+    import time
+
+    from tasks.deploy import wait_healthy
+    from tests.live_server import _free_port
+
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    time.sleep(1.0)  # exited, not yet reaped
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=rf"pid {proc.pid}\) exited before becoming healthy"):
+        wait_healthy(f"http://127.0.0.1:{_free_port()}", timeout=60, pid=proc.pid)
+    assert time.monotonic() - t0 < 10
