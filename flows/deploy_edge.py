@@ -67,11 +67,12 @@ def switch_traffic(profile: str, candidate: dict) -> dict:
 
 
 @task
-def record(profile: str, alias: str, outcome: dict) -> None:
-    """Log the deployment (succeeded or failed, and why) as a run of the MLflow `edgeflow-deployments` experiment."""
+def record(profile: str, alias: str, outcome: dict, package: str | None = None) -> None:
+    """Log the deployment (succeeded or failed, and why) as a run of the MLflow `edgeflow-deployments` experiment,
+    tagged with the hash of the package it installed (`package`, once fetched)."""
     from tasks.deploy import record_deployment
 
-    record_deployment(load_profile(profile), alias, outcome)
+    record_deployment(load_profile(profile), alias, outcome, Path(package) if package else None)
 
 
 @flow(name="deploy-edge", log_prints=True)
@@ -82,6 +83,7 @@ def deploy_edge(profile: str, alias: str = "staging", force: bool = False) -> di
     from tasks.deploy import check_exposure, public_url
 
     outcome: dict = {"alias": alias, "prefect_flow_run_id": flow_run.get_id()}
+    package = None
     try:
         check_exposure(load_profile(profile))  # before anything is fetched or started
         version, package = fetch(profile, alias)
@@ -92,19 +94,19 @@ def deploy_edge(profile: str, alias: str = "staging", force: bool = False) -> di
             result = {"url": public_url(load_profile(profile)), "version": version, "unchanged": True,
                       "engine_binding": f"already serving version {version} on port {serving['port']} (healthy)",
                       "smoke_answer": serving["smoke_answer"], "health": serving["health"], "side_port": serving["port"]}
-            record(profile, alias, outcome | {"status": "FINISHED"} | result)
+            record(profile, alias, outcome | {"status": "FINISHED"} | result, package)
             return result | {"alias": alias}
         engine, how = bind_engine(profile, package)
         candidate = start_candidate(profile, engine, version, package)
         switched = switch_traffic(profile, candidate)
     except Exception as e:
-        record(profile, alias, outcome | {"status": "FAILED", "error": f"{type(e).__name__}: {e}"})
+        record(profile, alias, outcome | {"status": "FAILED", "error": f"{type(e).__name__}: {e}"}, package)
         raise
     result = {
         "url": public_url(load_profile(profile)), "version": version, "engine_binding": how,
         "smoke_answer": candidate["smoke_answer"], "health": candidate["health"], "side_port": candidate["port"],
     } | switched
-    record(profile, alias, outcome | {"status": "FINISHED"} | result)
+    record(profile, alias, outcome | {"status": "FINISHED"} | result, package)
     return result | {"alias": alias}
 
 
@@ -120,7 +122,7 @@ def rollback_edge(profile: str) -> dict:
     candidate = start_candidate(profile, prev["engine"], prev["version"], prev["package"])
     switched = switch_traffic(profile, candidate)
     result = {"url": public_url(p), "version": prev["version"], "smoke_answer": candidate["smoke_answer"]} | switched
-    record(profile, "rollback", {"status": "FINISHED"} | result)
+    record(profile, "rollback", {"status": "FINISHED"} | result, prev["package"])
     return result
 
 

@@ -31,6 +31,7 @@ def train_student(teacher: ArtifactRef, cfg: DistillConfig, corpora: list[Artifa
 
     from tasks.distill_launch import distill_runner
     from tasks.evaluation.gate import eval_texts
+    from tasks.lineage import TEACHER_META_KEY
     from tasks.model_source import teacher_dir
     from tasks.store import materialize, publish
 
@@ -52,7 +53,7 @@ def train_student(teacher: ArtifactRef, cfg: DistillConfig, corpora: list[Artifa
         for k, v in metrics.items():
             client.log_metric(run_id, k, float(v))
         client.log_dict(run_id, {"history": history}, "distill_history.json")
-        return publish(client, run_id, out, "student", "student", meta=metrics | {"teacher": teacher.model_dump()})
+        return publish(client, run_id, out, "student", "student", meta=metrics | {TEACHER_META_KEY: teacher.model_dump()})
 
 
 @flow(name="distill", log_prints=True)

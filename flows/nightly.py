@@ -10,21 +10,18 @@ deployed first and promoted through the same checks as a manual promotion.
 from __future__ import annotations
 
 import argparse
-import json
-import tempfile
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
 from prefect import flow, task
 
+from flows.chain import open_release, quantize_and_gate, run_deploy_on_pool
 from flows.register import register
-from flows.release import open_release, quantize_and_gate, run_deploy_on_pool
 from flows.stages import check_placement, run_stage
 from tasks.artifacts import ArtifactRef
-from tasks.config import REPO_ROOT, load_profile
+from tasks.config import load_profile
 from tasks.nightly import Traffic, beats, collect_traffic, derive_profile, parse_time
-from tasks.runs import experiment_id, tracking_uri
+from tasks.runs import tracking_uri
 
 
 @task
@@ -49,7 +46,7 @@ def base_student(profile: str) -> dict:
     """The version behind `nightly.base_alias` (else `staging`) and the student it was quantized from."""
     from mlflow import MlflowClient
 
-    from tasks.registry import alias_version, split_runs_uri
+    from tasks.registry import alias_version, gate_figures, load_run_json, split_runs_uri
 
     p = load_profile(profile)
     c = MlflowClient(tracking_uri())
@@ -61,8 +58,7 @@ def base_student(profile: str) -> dict:
     else:
         return {"skipped": f"{name} has neither `{p.nightly.base_alias}` nor `staging`: run a release first"}
     mv = c.get_model_version(name, version)
-    with tempfile.TemporaryDirectory() as tmp:
-        lineage = json.loads(Path(c.download_artifacts(mv.run_id, f"{split_runs_uri(mv.source)[1]}/lineage.json", tmp)).read_text())
+    lineage = load_run_json(c, mv.run_id, f"{split_runs_uri(mv.source)[1]}/lineage.json")
     student = ArtifactRef.model_validate(lineage["student"])
     # The student must be in the store, bit for bit, or re-quantizing it would calibrate a different model.
     from tasks.store import in_store
@@ -73,49 +69,15 @@ def base_student(profile: str) -> dict:
             f"{student.mlflow_run_id}), which the artifact store no longer has; re-run the release to distill it again"
         )
     return {"version": version, "alias": alias, "student": student, "teacher": ArtifactRef.model_validate(lineage["teacher"]),
-            "gate": {k: float(mv.tags[f"edgeflow.gate.{k}"]) for k in ("top1_agreement", "kl")}}
+            "gate": gate_figures(mv)}
 
 
 @task
 def write_night_report(profile: str, report: dict) -> dict:
-    """Save the night's report as reports/nightly-<stamp>.json and .md and log it to MLflow."""
-    from mlflow import MlflowClient
+    """Save the night's report as reports/nightly-<stamp>.json and .md and log it to MLflow (tasks/report.py)."""
+    from tasks.report import write_nightly_report
 
-    p = load_profile(profile)
-    out = REPO_ROOT / "reports"
-    out.mkdir(exist_ok=True)
-    stem = f"nightly-{p.name}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
-    report = {"report": f"reports/{stem}.md", **report}
-    (out / f"{stem}.json").write_text(json.dumps(report, indent=1, default=str))
-    (out / f"{stem}.md").write_text(_markdown(report))
-    c = MlflowClient(tracking_uri())
-    run = c.create_run(experiment_id(c, p.registry.experiment, p.registry.artifact_location), run_name=f"nightly {report['status']}", tags={
-        "edgeflow.nightly": report["status"], "edgeflow.profile": profile,
-        **({"edgeflow.release_id": report["release_id"]} if report.get("release_id") else {}),
-    })
-    c.log_artifact(run.info.run_id, str(out / f"{stem}.json"), "report")
-    c.log_artifact(run.info.run_id, str(out / f"{stem}.md"), "report")
-    c.set_terminated(run.info.run_id, "FINISHED")
-    print(f"nightly recalibration {report['status']}: {report.get('reason') or report.get('promotion') or ''} ({report['report']})")
-    return report
-
-
-def _markdown(r: dict) -> str:
-    t = r.get("traffic") or {}
-    lines = [f"# Nightly recalibration: {r['status']}", ""]
-    if r.get("reason"):
-        lines += [f"**Why:** {r['reason']}", ""]
-    if t:
-        ing = t.get("ingest", {})
-        lines += ["| window | files | log lines | kept | PII records scrubbed | duplicates | eval overlaps dropped |",
-                  "|---|---|---|---|---|---|---|",
-                  f"| {t['since']} → {t['until']} | {t['files']} | {ing.get('lines', 0)} | {t['kept']} | "
-                  f"{ing.get('records_with_pii', 0)} | {ing.get('exact_duplicates', 0) + ing.get('near_duplicates', 0)} | "
-                  f"{t['dropped_eval_overlap']} |", ""]
-    for key, title in (("base", "Base"), ("staging", "Staging"), ("promotion", "Production")):
-        if r.get(key):
-            lines.append(f"- **{title}:** {r[key]}")
-    return "\n".join(lines) + "\n"
+    return write_nightly_report(profile, report)
 
 
 @flow(name="nightly-recalibration", log_prints=True)
@@ -153,10 +115,12 @@ def promote_if_better(profile: str, registry: dict, base: dict, deploy: str) -> 
     """Deploy the new staging version and move `production` to it, if it beats production on the gate."""
     from mlflow import MlflowClient
 
+    from tasks.registry import gate_figures
+
     p = load_profile(profile)
     c = MlflowClient(tracking_uri())
     mv = c.get_model_version(p.registry.model_name, registry["staging_version"])
-    new = {k: float(mv.tags[f"edgeflow.gate.{k}"]) for k in ("top1_agreement", "kl")}
+    new = gate_figures(mv)
     better, why = beats(new, base["gate"]) if base["alias"] == "production" else (True, "no production version yet")
     if not better:
         return {"promotion": f"not promoted: {why}"}

@@ -47,7 +47,7 @@ def promote(
 def rollback_production(profile: str, deploy: Literal["pool", "inline", "none"] = "pool", reason: str = "") -> dict:
     """Move `production` back to `previous`, then roll the device to it through deploy-edge (alias production)."""
     from flows.deploy_edge import deploy_edge
-    from flows.release import run_deploy_on_pool
+    from flows.chain import run_deploy_on_pool
 
     move = swap_back(profile, reason)
     print(f"{move['model_name']}: `production` -> version {move['version']} (was {move['from_version']})")

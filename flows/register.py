@@ -49,13 +49,13 @@ def register_passing(
     gate_report: ArtifactRef, lineage: dict[str, ArtifactRef], ctx: ReleaseContext, model_name: str | None = None
 ) -> dict:
     """Register passing variants with lineage tags and move `staging` to the best one."""
-    from tasks.registry import GATE_REPORT_TAG, alias_version, gate_report_link, register_version
-    from tasks.store import materialize
+    from tasks.evaluation.report import load_gate_report
+    from tasks.registry import GATE_REPORT_TAG, PACKAGE_SHA256_TAG, alias_version, gate_report_link, register_version
 
     profile = ctx.resolved()
     name = model_name or profile.registry.model_name
-    report = json.loads(materialize(gate_report).read_text())
-    rows = report["rows"]
+    # each row as the consistency stage wrote it (fields in its order), for the package's gate.json and lineage.json
+    rows = [r.model_dump(exclude_unset=True) for r in load_gate_report(gate_report).rows]
     lin = {k: v.model_dump() for k, v in lineage.items()}
     registered: dict[str, str] = {}
     with stage_run(ctx, "register", {"model_name": name}) as (client, run_id):
@@ -71,7 +71,7 @@ def register_passing(
                 tags={
                     "edgeflow.release_id": ctx.release_id,
                     "edgeflow.variant": row["name"],
-                    "edgeflow.package_sha256": tree,
+                    PACKAGE_SHA256_TAG: tree,
                     "edgeflow.teacher_sha256": lineage["teacher"].sha256,
                     "edgeflow.student_run_id": lineage["student"].mlflow_run_id or "",
                     "edgeflow.student_sha256": lineage["student"].sha256,

@@ -18,6 +18,9 @@ EDGEFLOW_RESULT_STORAGE says where Prefect keeps task and flow results (what a R
 `state.result()` read): a directory, which several hosts must mount at the same path, or a storage block
 slug such as `s3-bucket/edgeflow-results` (create the block first; every host needs its credentials).
 Default: <EDGEFLOW_HOME>/prefect/storage, which only serves hosts that share that directory.
+
+Each process is started detached with a log under <EDGEFLOW_HOME>/logs and a pid file under <EDGEFLOW_HOME>/run,
+and stopped by process group, through tasks/processes.py (which the edge deploy uses for its servers too).
 """
 from __future__ import annotations
 
@@ -32,6 +35,13 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+if str(REPO) not in sys.path:  # run as `python scripts/services.py`: sys.path[0] is scripts/
+    sys.path.append(str(REPO))
+
+from tasks.processes import alive, read_pid, spawn_detached, stop_group  # noqa: E402 - needs REPO on sys.path
+
+# How `down` stops a group: SIGINT first (Prefect workers exit cleanly on it and are slow on SIGTERM), then harder.
+DOWN_STEPS = ((signal.SIGINT, 10.0), (signal.SIGTERM, 10.0), (signal.SIGKILL, 2.0))
 
 
 def settings() -> dict[str, str]:
@@ -129,13 +139,8 @@ def _answers(url: str) -> bool:
 
 
 def _spawn(name: str, cmd: list[str], env: dict[str, str], home: Path) -> int:
-    (home / "logs").mkdir(parents=True, exist_ok=True)
-    (home / "run").mkdir(parents=True, exist_ok=True)
-    with open(home / "logs" / f"{name}.log", "ab") as log:
-        # Own session: survives the shell that ran `make demo`, and `down` can signal the whole group.
-        proc = subprocess.Popen(cmd, cwd=REPO, env=os.environ | env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    (home / "run" / f"{name}.pid").write_text(f"{proc.pid}\n")
-    return proc.pid
+    # Own session: survives the shell that ran `make demo`, and `down` can signal the whole group.
+    return spawn_detached(cmd, home / "logs" / f"{name}.log", home / "run" / f"{name}.pid", REPO, os.environ | env)
 
 
 def _wait(url: str, timeout: float, name: str, home: Path) -> None:
@@ -176,7 +181,7 @@ def up() -> None:
         pidfile = home / "run" / f"worker-{pool}.pid"
         if os.environ.get("EDGEFLOW_WORKERS", "on") == "off":
             continue
-        if not (pidfile.exists() and _alive(int(pidfile.read_text()))):
+        if not (pidfile.exists() and alive(read_pid(pidfile))):
             _spawn(f"worker-{pool}", [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--name", f"local-{pool}"], env, home)
     ensure_zombie_automation(env)
     r = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env=os.environ | env, cwd=REPO, capture_output=True, text=True)
@@ -190,30 +195,12 @@ def up() -> None:
     print(f"Prefect UI  {env['PREFECT_UI_URL']}\nMLflow UI   {env['MLFLOW_TRACKING_URI']}")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
 def down() -> None:
     home = Path(settings()["home"])
     run = home / "run"
     for pidfile in sorted(run.glob("*.pid")) if run.exists() else []:
-        pid = int(pidfile.read_text().split()[0])
-        # SIGINT first: Prefect workers exit cleanly on it and are slow on SIGTERM.
-        for sig, wait in ((signal.SIGINT, 10), (signal.SIGTERM, 10), (signal.SIGKILL, 2)):
-            try:
-                os.killpg(pid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.time() + wait
-            while time.time() < deadline and _alive(pid):
-                time.sleep(0.2)
-            if not _alive(pid):
-                break
+        pid = read_pid(pidfile)
+        stop_group(pid, DOWN_STEPS)
         pidfile.unlink(missing_ok=True)
         print(f"stopped {pidfile.stem} (pid {pid})")
 

@@ -1,11 +1,15 @@
-"""Edge deploy logic: fetch a registered version, verify it, bind an engine to this device, run the server."""
+"""Edge deploy logic: fetch a registered version, verify it, bind an engine to this device, run the server.
+
+Tiny CPU run (with services up and a `staging` version registered): python -m flows.deploy_edge --profile configs/demo-cpu.yaml
+
+Processes (the proxy, the edge servers) are started and stopped through tasks/processes.py; every attempt is
+recorded by record_deployment in the MLflow experiment `edgeflow-deployments`.
+"""
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,6 +19,7 @@ import httpx
 from tasks.artifacts import ChecksumError, verify_manifest
 from tasks.config import REPO_ROOT, Profile
 from tasks.engines import EngineIncompatibleError, get_backend
+from tasks.processes import alive, read_pid, spawn_detached, stop_group
 
 
 def fetch_version(profile: Profile, alias: str) -> tuple[str, Path]:
@@ -26,11 +31,11 @@ def fetch_version(profile: Profile, alias: str) -> tuple[str, Path]:
     """
     import shutil
 
-    from tasks.registry import client, download
+    from tasks.registry import PACKAGE_SHA256_TAG, client, download
 
     name = profile.registry.model_name
     mv = client().get_model_version_by_alias(name, alias)
-    expected = mv.tags.get("edgeflow.package_sha256")
+    expected = mv.tags.get(PACKAGE_SHA256_TAG)
     dest = profile.resolve(profile.deploy.install_dir) / "versions" / f"v{mv.version}-{(expected or 'unhashed')[:12]}"
     if (dest / "edgeflow-manifest.json").exists():
         try:
@@ -92,39 +97,9 @@ def device_dir(profile: Profile) -> Path:
     return profile.resolve(profile.deploy.install_dir)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _stop_pid(pid: int, timeout: float = 20) -> None:
-    """SIGTERM the process group (graceful: uvicorn finishes open responses), SIGKILL after `timeout`."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if not _alive(pid):
-            return
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-
-
 def _spawn(profile: Profile, name: str, cmd: list[str]) -> int:
     """Start a process detached in its own session (it outlives this flow run and its worker); pid file run/<name>.pid."""
-    logs = profile.work / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    with open(logs / f"{name}.log", "ab") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    run = _run_dir(profile)
-    run.mkdir(parents=True, exist_ok=True)
-    (run / f"{name}.pid").write_text(f"{proc.pid}\n")
-    return proc.pid
+    return spawn_detached(cmd, profile.work / "logs" / f"{name}.log", _run_dir(profile) / f"{name}.pid", REPO_ROOT)
 
 
 def stop_device(profile: Profile) -> list[str]:
@@ -132,8 +107,8 @@ def stop_device(profile: Profile) -> list[str]:
     stopped = []
     run = _run_dir(profile)
     for pf in sorted(run.glob("edge-*.pid")) if run.exists() else []:
-        pid = int(pf.read_text().split()[0])
-        _stop_pid(pid)
+        pid = read_pid(pf)
+        stop_group(pid)
         pf.unlink(missing_ok=True)
         stopped.append(f"{pf.stem} (pid {pid})")
     return stopped
@@ -228,7 +203,7 @@ def start_server(profile: Profile, engine_dir: Path, version: str, port: int) ->
     name = f"edge-server-{port}"
     stale = _run_dir(profile) / f"{name}.pid"
     if stale.exists():
-        _stop_pid(int(stale.read_text().split()[0]))
+        stop_group(read_pid(stale))
     access_log = device_dir(profile) / "access_logs" / "access.jsonl"
     access_log.parent.mkdir(parents=True, exist_ok=True)
     # Under the supervisor: a server its watchdog ends (engine stalled) or that crashes comes back on
@@ -261,7 +236,7 @@ def start_candidate(profile: Profile, engine_dir: Path, version: str, package: P
         health = wait_healthy(url, profile.deploy.health_timeout_s, pid, headers)
         answer = smoke_chat(url, profile.registry.model_name, profile.deploy.smoke_prompt, headers=headers)
     except BaseException:
-        _stop_pid(pid)
+        stop_group(pid)
         (_run_dir(profile) / f"edge-server-{port}.pid").unlink(missing_ok=True)
         raise
     return {"version": version, "port": port, "pid": pid, "engine": str(engine_dir), "package": str(package),
@@ -285,27 +260,11 @@ def switch_to(profile: Profile, candidate: dict) -> dict:
             time.sleep(0.2)
         else:
             drained = False
-        _stop_pid(old["pid"])
+        stop_group(old["pid"])
         (_run_dir(profile) / f"edge-server-{old['port']}.pid").unlink(missing_ok=True)
     keep = {k: candidate[k] for k in ("version", "port", "pid", "engine", "package")}
     _write_state(profile, {"current": keep, "previous": old and {k: old[k] for k in keep if k in old}})
     return {"switched_from": old and old.get("version"), "drained": drained}
-
-
-def _alive(pid: int) -> bool:
-    """Is the process still running? A child of this process (the supervisor `_spawn` started) that exited
-    stays a zombie, which signal 0 still reaches, until it is reaped: reap it here."""
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    except ChildProcessError:  # not our child (or already reaped)
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def wait_healthy(base_url: str, timeout: float, pid: int | None = None, headers: dict[str, str] | None = None) -> dict:
@@ -313,7 +272,7 @@ def wait_healthy(base_url: str, timeout: float, pid: int | None = None, headers:
     deadline = time.time() + timeout
     last = "no answer"
     while time.time() < deadline:
-        if pid is not None and not _alive(pid):
+        if pid is not None and not alive(pid):
             raise RuntimeError(f"edge server (pid {pid}) exited before becoming healthy; see its log under logs/edge-server-<port>.log")
         try:
             r = httpx.get(f"{base_url}/health", timeout=10, headers=headers)
@@ -399,15 +358,20 @@ def previous_deployment(profile: Profile) -> dict:
     return prev
 
 
-def record_deployment(profile: Profile, alias: str, outcome: dict) -> str:
-    """One run per deployment attempt in the `edgeflow-deployments` MLflow experiment; FAILED ones say why."""
+def record_deployment(profile: Profile, alias: str, outcome: dict, package: Path | None = None) -> str:
+    """One run per deployment attempt in the `edgeflow-deployments` MLflow experiment; FAILED ones say why.
+
+    `package`: the installed package directory, once fetched and verified; its tree hash (from its manifest) is
+    tagged `edgeflow.package_sha256`, the hash the registered version carries, so the promotion check can tell
+    this package from another registry's version of the same number (tasks/promotion.py:check_deployed).
+    """
     from mlflow import MlflowClient
 
-    from tasks.runs import tracking_uri
+    from tasks.registry import PACKAGE_SHA256_TAG
+    from tasks.runs import DEPLOYMENTS_EXPERIMENT, experiment_id, tracking_uri
 
     c = MlflowClient(tracking_uri())
-    exp = c.get_experiment_by_name("edgeflow-deployments")
-    exp_id = exp.experiment_id if exp else c.create_experiment("edgeflow-deployments")
+    exp_id = experiment_id(c, DEPLOYMENTS_EXPERIMENT)
     tags = {
         "edgeflow.model": profile.registry.model_name,
         "edgeflow.alias": alias,
@@ -416,7 +380,21 @@ def record_deployment(profile: Profile, alias: str, outcome: dict) -> str:
         "edgeflow.prefect_flow_run_id": str(outcome.get("prefect_flow_run_id") or ""),
         "edgeflow.error": str(outcome.get("error", ""))[:4000],
     }
+    sha = package_sha256(package) if package is not None else None
+    if sha:
+        tags[PACKAGE_SHA256_TAG] = sha
     run = c.create_run(exp_id, run_name=f"{alias} v{outcome.get('version', '?')} {outcome['status'].lower()}", tags=tags)
     c.log_dict(run.info.run_id, {k: v for k, v in outcome.items() if k != "health"}, "deployment.json")
     c.set_terminated(run.info.run_id, outcome["status"])
     return run.info.run_id
+
+
+def package_sha256(package: Path) -> str | None:
+    """The tree hash of an installed package, read from its manifest (what write_manifest returned when it was
+    packaged, and fetch_version verified against the version's tag); None when it has no readable manifest."""
+    from tasks.artifacts import MANIFEST, sha256_json
+
+    try:
+        return sha256_json(json.loads((Path(package) / MANIFEST).read_text()))
+    except (OSError, ValueError):
+        return None

@@ -27,7 +27,7 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.artifacts import MANIFEST, sha256_file, sha256_json
+from tasks.artifacts import MANIFEST, ArtifactRef, sha256_file, sha256_json
 from tasks.registry import GATE_REPORT_TAG, load_run_json, split_runs_uri
 from tasks.runs import training_set
 
@@ -112,6 +112,21 @@ class Lineage(BaseModel):
         if not self.complete:
             out += ["", "Lineage is incomplete: the hops marked unknown were not recorded when the version was made."]
         return "\n".join(out) + "\n"
+
+
+# Key of a student ArtifactRef's meta under which the distill stage (flows/distill.py) records its teacher.
+TEACHER_META_KEY = "teacher"
+
+
+def teacher_of(student: ArtifactRef) -> ArtifactRef:
+    """The teacher a distilled student was trained from, as the distill stage recorded it with the student."""
+    try:
+        return ArtifactRef.model_validate(student.meta[TEACHER_META_KEY])
+    except KeyError:
+        raise LineageError(
+            f"student {student.uri} (sha256 {student.sha256[:12]}) records no teacher (meta key {TEACHER_META_KEY!r}); it was "
+            "not published by the distill stage (flows/distill.py:train_student): distill it again"
+        ) from None
 
 
 def _resolve(c: MlflowClient, name: str, version: str) -> ModelVersion:

@@ -15,11 +15,10 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.registry import GATE_REPORT_TAG, alias_version, load_run_json, split_runs_uri
+from tasks.evaluation.report import GateReport
+from tasks.registry import GATE_REPORT_TAG, PACKAGE_SHA256_TAG, alias_version, load_run_json, split_runs_uri
+from tasks.runs import DEPLOYMENTS_EXPERIMENT, PROMOTIONS_EXPERIMENT, experiment_id, find_experiment_id
 
-PROMOTIONS_EXPERIMENT = "edgeflow-promotions"
-# Written by tasks/deploy.py:record_deployment, one run per deployment attempt (FINISHED or FAILED).
-DEPLOYMENTS_EXPERIMENT = "edgeflow-deployments"
 # Legacy stage of a version, by the strongest alias it holds; a version that lost its last alias is Archived.
 STAGE_FOR_ALIAS = {"production": "Production", "staging": "Staging", "previous": "Archived"}
 
@@ -69,29 +68,29 @@ def check_gate(c: MlflowClient, name: str, mv: ModelVersion) -> str:
     try:
         run_id, path = split_runs_uri(link)
         run = c.get_run(run_id)
-        report = load_run_json(c, run_id, path)
+        report = GateReport.model_validate(load_run_json(c, run_id, path))
     except (ValueError, MlflowException, OSError) as e:
         raise PromotionRefused(f"version {v} of {name} has no readable gate report ({GATE_REPORT_TAG}={link}: {e}); {fix}") from e
     if run.info.status != "FINISHED":
         raise PromotionRefused(f"version {v} of {name} has no passing gate report (consistency run {run_id} ended {run.info.status}); {fix}")
-    row = next((r for r in report.get("rows", []) if r.get("name") == variant), None)
+    row = report.row(variant)
     if row is None:
         raise PromotionRefused(
             f"version {v} of {name} has no passing gate report (consistency run {run_id} has no row for variant {variant!r}); {fix}"
         )
-    if not row.get("passed"):
-        why = "; ".join(row.get("reasons") or []) or "marked failed"
+    if not row.passed:
+        why = "; ".join(row.reasons) or "marked failed"
         raise PromotionRefused(f"version {v} of {name} has no passing gate report (consistency run {run_id}: {why}); {fix}")
     # The row must be about the engine this version ships, not merely a variant of the same name.
     shipped = _shipped_engine_sha256(c, mv)
-    gated = (row.get("engine") or {}).get("sha256")
+    gated = row.engine.sha256
     if shipped and gated and shipped != gated:
         raise PromotionRefused(
             f"version {v} of {name} has no passing gate report for its engine (consistency run {run_id} gated engine "
             f"{gated[:12]}…, the version ships {shipped[:12]}…); {fix}"
         )
-    return (f"gate passed: consistency run {run_id}, variant {variant}, top-1 agreement {row.get('top1_agreement')}, "
-            f"mean KL {row.get('kl')}" + (", same engine sha256 as the package" if shipped and gated else ""))
+    return (f"gate passed: consistency run {run_id}, variant {variant}, top-1 agreement {row.top1_agreement}, "
+            f"mean KL {row.kl}" + (", same engine sha256 as the package" if shipped and gated else ""))
 
 
 def _shipped_engine_sha256(c: MlflowClient, mv: ModelVersion) -> str | None:
@@ -107,15 +106,15 @@ def check_deployed(c: MlflowClient, name: str, mv: ModelVersion) -> str:
     """A FINISHED run in `edgeflow-deployments` served this exact version (model name and version number) on a device."""
     v = mv.version
     fix = f"deploy it (deploy-edge with an alias pointing at version {v}, e.g. staging) until it is healthy, then promote again"
-    exp = c.get_experiment_by_name(DEPLOYMENTS_EXPERIMENT)
-    runs = [] if exp is None else c.search_runs(
-        [exp.experiment_id], f"tags.`edgeflow.model` = '{name}' and tags.`edgeflow.version` = '{v}'",
+    exp_id = find_experiment_id(c, DEPLOYMENTS_EXPERIMENT)
+    runs = [] if exp_id is None else c.search_runs(
+        [exp_id], f"tags.`edgeflow.model` = '{name}' and tags.`edgeflow.version` = '{v}'",
         order_by=["attributes.start_time DESC"], max_results=100,
     )
-    # Deployment records name the version by number; where one also names the package hash, it must be
-    # this version's (a re-created registry restarts its numbering).
-    package = mv.tags.get("edgeflow.package_sha256")
-    runs = [r for r in runs if not package or r.data.tags.get("edgeflow.package_sha256", package) == package]
+    # Deployment records name the version by number; where one also names the package hash (record_deployment tags
+    # the package it installed), it must be this version's: a re-created registry restarts its numbering.
+    package = mv.tags.get(PACKAGE_SHA256_TAG)
+    runs = [r for r in runs if not package or r.data.tags.get(PACKAGE_SHA256_TAG, package) == package]
     ok = next((r for r in runs if r.info.status == "FINISHED"), None)
     if ok is None:
         last = (f"its last deployment, run {runs[0].info.run_id}, ended {runs[0].info.status}: "
@@ -148,8 +147,7 @@ def record_move(
     detail: dict, error: str = "",
 ) -> str:
     """One run per attempted move in `edgeflow-promotions`: FINISHED moves, FAILED refusals with the reason."""
-    exp = c.get_experiment_by_name(PROMOTIONS_EXPERIMENT)
-    exp_id = exp.experiment_id if exp else c.create_experiment(PROMOTIONS_EXPERIMENT)
+    exp_id = experiment_id(c, PROMOTIONS_EXPERIMENT)
     tags = {
         "edgeflow.model": name,
         "edgeflow.action": action,

@@ -11,6 +11,9 @@ from tasks.runs import tracking_uri
 
 # Version tag linking a registered version to the gate report that let it in (see gate_report_link).
 GATE_REPORT_TAG = "edgeflow.gate_report"
+# Version tag (set by the register stage) and deployment-run tag (set by tasks/deploy.py:record_deployment): the
+# package's tree hash, as tasks/artifacts.py:write_manifest returns it.
+PACKAGE_SHA256_TAG = "edgeflow.package_sha256"
 
 
 def gate_report_link(gate_report: ArtifactRef) -> str:
@@ -43,6 +46,11 @@ def alias_version(c: MlflowClient, name: str, alias: str) -> str | None:
         return c.get_model_version_by_alias(name, alias).version
     except MlflowException:
         return None
+
+
+def gate_figures(mv) -> dict[str, float]:
+    """The gate's top-1 agreement and mean KL a version was registered with (version tags edgeflow.gate.*)."""
+    return {k: float(mv.tags[f"edgeflow.gate.{k}"]) for k in ("top1_agreement", "kl")}
 
 
 def split_runs_uri(uri: str) -> tuple[str, str]:

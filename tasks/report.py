@@ -1,8 +1,155 @@
-"""The release report: one row per variant, as JSON and as a markdown table."""
+"""The release and nightly reports: assembled, written as reports/<name>.json and .md, and logged to MLflow.
+
+    python -m flows.release --profile configs/test-tiny.yaml --deploy none     (services up; writes reports/<release_id>.*)
+
+Release report: one row per variant (VARIANT_FIELDS of the gate report's rows, the markdown table shows COLUMNS),
+the student's evaluation (STUDENT_FIELDS), the registry's outcome and the deployment; logged to the release's
+parent run under `report/`, which this module then ends. Nightly report: the night's status and traffic, logged to
+a run of its own in the profile's experiment. Both read the gate through tasks/evaluation/report.py:GateReport.
+"""
 from __future__ import annotations
 
+import json
+import shutil
+from datetime import datetime, timezone
+from typing import Any
+
+from tasks.artifacts import ArtifactRef
+from tasks.config import REPO_ROOT
+from tasks.evaluation.report import GateReport
+
+# The markdown table's columns, in order.
 COLUMNS = ("name", "size_mb", "engine_precision", "decode_tok_s", "ttft_ms", "top1_agreement", "top1_last", "kl",
            "kl_p99", "ppl", "greedy_exact", "passed")
+# What the report keeps of each gate row (then engine_parity, rounded, from the row's metrics).
+VARIANT_FIELDS = COLUMNS + ("quantized", "reasons")
+# What the report keeps of the student's evaluation (its ArtifactRef.meta, as the distill stage recorded it).
+STUDENT_FIELDS = ("student_top1_vs_teacher", "student_kl_vs_teacher", "teacher_ppl", "student_ppl", "student_ppl_before_training",
+                  "student_top1_before_training", "student_kl_before_training", "student_quality_pct", "student_layers",
+                  "student_params", "size_ratio")
+# Where reports are written, on the host that runs the release or the nightly.
+REPORTS_DIR = REPO_ROOT / "reports"
+
+
+def attempt_summary(gate: GateReport) -> dict:
+    """Did any quantized variant pass this attempt's gate, and how close did the best one come?"""
+    quantized = gate.quantized
+    best = max(quantized, key=lambda r: r.top1_agreement, default=None)
+    return {
+        "attempt": gate.attempt,
+        "calibration_samples": (gate.calibration or {})["total"],
+        "passed": [r.name for r in quantized if r.passed],
+        "best": best and f"{best.name}: agreement {best.top1_agreement:.2%}, KL {best.kl:.4f}; {'; '.join(best.reasons) or 'passed'}",
+    }
+
+
+def release_report(
+    ctx: Any, student_meta: dict, gate: GateReport, registry: dict, deployed: dict | None, attempts: list[dict]
+) -> dict:
+    """The release report as a dict (what reports/<release_id>.json holds, less `plots`). `ctx`: the ReleaseContext."""
+    return {
+        "release_id": ctx.release_id,
+        "profile": ctx.profile,
+        "variants": [{k: getattr(r, k) for k in VARIANT_FIELDS} | {"engine_parity": round(r.metrics["engine_parity"], 4)}
+                     for r in gate.rows],
+        "staging": registry["staging"],
+        "staging_version": registry["staging_version"],
+        "registered": registry["registered"],
+        "why_no_staging": registry["why_no_staging"] and (
+            f"no variant met the bar after {len(attempts)} attempt(s); " + registry["why_no_staging"]
+        ),
+        "attempts": attempts,
+        "smoke_answer": deployed["smoke_answer"] if deployed else None,
+        "deploy": deployed and {k: deployed[k] for k in ("url", "version", "engine_binding")},
+        "gate": gate.thresholds,
+        "eval_prompts": gate.eval_prompts,
+        "eval_positions": gate.eval_positions,
+        "gate_reference": gate.reference and gate.reference.model_dump(),
+        # .get: a student cached by an older release may lack the newer evaluation keys; the report shows what it has
+        "student": {k: student_meta.get(k) for k in STUDENT_FIELDS} | {"steps": ctx.resolved().distill.steps},
+        "mlflow_parent_run_id": ctx.mlflow_parent_run_id,
+        "prefect_flow_run_id": ctx.prefect_flow_run_id,
+    }
+
+
+def write_release_report(
+    ctx: Any, student: ArtifactRef, gate: GateReport, registry: dict, deployed: dict | None, attempts: list[dict]
+) -> dict:
+    """Assemble the report, save it as reports/<release_id>.json and .md (the final attempt's plots beside them), log
+    them to the release's parent run under `report/` with each variant's top-1 agreement, and end that run."""
+    from mlflow import MlflowClient
+
+    from tasks.runs import tracking_uri
+    from tasks.store import materialize
+
+    report = release_report(ctx, student.meta, gate, registry, deployed, attempts)
+    out = REPORTS_DIR
+    out.mkdir(exist_ok=True)
+    # the final attempt's plots next to the report, linked from the markdown by relative path
+    plot_dir = out / ctx.release_id
+    plot_dir.mkdir(exist_ok=True)
+    report["plots"] = {}
+    for name, ref in gate.plots.items():
+        shutil.copyfile(materialize(ref), plot_dir / ref.name)
+        report["plots"][name] = f"{ctx.release_id}/{ref.name}"
+    (out / f"{ctx.release_id}.json").write_text(json.dumps(report, indent=1))
+    (out / f"{ctx.release_id}.md").write_text(markdown(report))
+    c = MlflowClient(tracking_uri())
+    c.log_artifact(ctx.mlflow_parent_run_id, str(out / f"{ctx.release_id}.json"), "report")
+    c.log_artifact(ctx.mlflow_parent_run_id, str(out / f"{ctx.release_id}.md"), "report")
+    if report["plots"]:
+        c.log_artifacts(ctx.mlflow_parent_run_id, str(plot_dir), f"report/{ctx.release_id}")
+    for r in report["variants"]:
+        c.log_metric(ctx.mlflow_parent_run_id, f"{r['name']}.top1_agreement", r["top1_agreement"])
+    c.set_terminated(ctx.mlflow_parent_run_id, "FINISHED")
+    print(table(report["variants"]))
+    return report
+
+
+def write_nightly_report(profile: str, report: dict) -> dict:
+    """Save the night's report as reports/nightly-<profile name>-<stamp>.json and .md and log both, under `report/`,
+    to a run of their own in the profile's experiment (tagged edgeflow.nightly = the status); returns the report."""
+    from mlflow import MlflowClient
+
+    from tasks.config import load_profile
+    from tasks.runs import experiment_id, tracking_uri
+
+    p = load_profile(profile)
+    out = REPORTS_DIR
+    out.mkdir(exist_ok=True)
+    stem = f"nightly-{p.name}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+    report = {"report": f"reports/{stem}.md", **report}
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / f"{stem}.md").write_text(nightly_markdown(report))
+    c = MlflowClient(tracking_uri())
+    run = c.create_run(experiment_id(c, p.registry.experiment, p.registry.artifact_location), run_name=f"nightly {report['status']}", tags={
+        "edgeflow.nightly": report["status"], "edgeflow.profile": profile,
+        **({"edgeflow.release_id": report["release_id"]} if report.get("release_id") else {}),
+    })
+    c.log_artifact(run.info.run_id, str(out / f"{stem}.json"), "report")
+    c.log_artifact(run.info.run_id, str(out / f"{stem}.md"), "report")
+    c.set_terminated(run.info.run_id, "FINISHED")
+    print(f"nightly recalibration {report['status']}: {report.get('reason') or report.get('promotion') or ''} ({report['report']})")
+    return report
+
+
+def nightly_markdown(r: dict) -> str:
+    """The nightly report as markdown: status, why, the traffic window's counts, base/staging/production lines."""
+    t = r.get("traffic") or {}
+    lines = [f"# Nightly recalibration: {r['status']}", ""]
+    if r.get("reason"):
+        lines += [f"**Why:** {r['reason']}", ""]
+    if t:
+        ing = t.get("ingest", {})
+        lines += ["| window | files | log lines | kept | PII records scrubbed | duplicates | eval overlaps dropped |",
+                  "|---|---|---|---|---|---|---|",
+                  f"| {t['since']} → {t['until']} | {t['files']} | {ing.get('lines', 0)} | {t['kept']} | "
+                  f"{ing.get('records_with_pii', 0)} | {ing.get('exact_duplicates', 0) + ing.get('near_duplicates', 0)} | "
+                  f"{t['dropped_eval_overlap']} |", ""]
+    for key, title in (("base", "Base"), ("staging", "Staging"), ("promotion", "Production")):
+        if r.get(key):
+            lines.append(f"- **{title}:** {r[key]}")
+    return "\n".join(lines) + "\n"
 
 
 def table(rows: list[dict]) -> str:

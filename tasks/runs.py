@@ -1,4 +1,12 @@
-"""Release context, MLflow stage runs and content-hash cache keys shared by every stage."""
+"""MLflow experiments and runs, the release context, and content-hash cache keys shared by every stage.
+
+    python -m flows.release --profile configs/test-tiny.yaml --deploy none     (services up: every run below is made)
+
+One owner for what edgeflow records as MLflow runs: the experiments (created on first use, see experiment_id),
+a release's parent run (open_release_run, with the profile's files published to it), each stage's child run
+(stage_run), and the training-set tag. The deployment and promotion records live in their own experiments,
+named here (written by tasks/deploy.py and tasks/promotion.py); the reports' runs by tasks/report.py.
+"""
 from __future__ import annotations
 
 import json
@@ -91,10 +99,67 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI", "http://127.0.0.1:5055")
 
 
+# One run per deployment attempt (tasks/deploy.py:record_deployment), FINISHED or FAILED.
+DEPLOYMENTS_EXPERIMENT = "edgeflow-deployments"
+# One run per attempted alias move, refused ones included (tasks/promotion.py:record_move).
+PROMOTIONS_EXPERIMENT = "edgeflow-promotions"
+
+
 def experiment_id(client, name: str, artifact_location: str | None = None) -> str:
     """The experiment's id, created on first use (with the profile's artifact location, if it names one)."""
     exp = client.get_experiment_by_name(name)
     return exp.experiment_id if exp else client.create_experiment(name, artifact_location=artifact_location)
+
+
+def find_experiment_id(client, name: str) -> str | None:
+    """The experiment's id, or None when it does not exist yet (a reader never creates one)."""
+    exp = client.get_experiment_by_name(name)
+    return exp.experiment_id if exp else None
+
+
+def open_release_run(profile: str, flow_run_id: str | None) -> ReleaseContext:
+    """Create (or, on a retry of the same flow run, reuse) the MLflow parent run of a release, resolve the profile
+    once and publish every file it names to that run, so stages on other hosts read them from the store."""
+    from datetime import datetime, timezone
+
+    from mlflow import MlflowClient
+
+    from tasks.codeversion import code_identity
+    from tasks.config import load_profile
+    from tasks.store import check_reachable
+
+    p = load_profile(profile)
+    check_reachable(tracking_uri())
+    c = MlflowClient(tracking_uri())
+    exp_id = experiment_id(c, p.registry.experiment, p.registry.artifact_location)
+    found = flow_run_id and c.search_runs([exp_id], f"tags.`edgeflow.prefect_flow_run_id` = '{flow_run_id}'", max_results=1)
+    if found:
+        parent = found[0]
+        c.update_run(parent.info.run_id, status="RUNNING")
+        release_id = parent.data.tags["edgeflow.release_id"]
+    else:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+        release_id = f"{p.name}-{stamp}" + (f"-{flow_run_id[:8]}" if flow_run_id else "")
+        parent = c.create_run(exp_id, run_name=f"release {release_id}", tags={
+            "edgeflow.release_id": release_id, "edgeflow.profile": profile, "edgeflow.prefect_flow_run_id": flow_run_id or "",
+        })
+        c.log_dict(parent.info.run_id, p.model_dump(by_alias=True), "profile.json")
+    return ReleaseContext(release_id=release_id, profile=profile, mlflow_parent_run_id=parent.info.run_id,
+                          prefect_flow_run_id=flow_run_id, settings=p.settings(),
+                          inputs=publish_inputs(c, parent.info.run_id, p), code=code_identity())
+
+
+def publish_inputs(client, run_id: str, p) -> dict[str, ArtifactRef]:
+    """Every file the profile names, logged to the release's run under inputs/<sha256>/…: content-addressed, so a
+    retry after an edit publishes the new content beside the old instead of over it."""
+    from tasks.store import publish
+
+    refs = {}
+    for path in dict.fromkeys(p.input_files().values()):
+        local = p.resolve(path)
+        sha = sha256_tree(local)
+        refs[path] = publish(client, run_id, local, f"inputs/{sha[:16]}", "input", meta={"profile_path": path}, sha256=sha)
+    return refs
 
 
 @contextmanager

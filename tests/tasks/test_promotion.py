@@ -26,10 +26,15 @@ def _stage(c, name: str, version: str) -> str:
     return c.get_model_version(name, version).current_stage
 
 
-def _deployed(release, version: str, status: str = "FINISHED", error: str = "") -> None:
-    """A deployment attempt recorded by the deploy stage's own recorder."""
+def _deployed(release, version: str, status: str = "FINISHED", error: str = "", package=None) -> None:
+    """A deployment attempt recorded by the deploy stage's own recorder (`package`: the installed package directory)."""
     outcome = {"status": status, "version": version, "prefect_flow_run_id": "test"} | ({"error": error} if error else {})
-    record_deployment(release.profile, "staging", outcome)
+    record_deployment(release.profile, "staging", outcome, package)
+
+
+def _package(release, variant: str):
+    """The package the register stage laid out (and registered) for a variant."""
+    return release.profile.work / "releases" / release.ctx.release_id / "package" / variant
 
 
 def _moves(c, name: str) -> list:
@@ -125,6 +130,40 @@ def test_production_needs_a_successful_deployment_and_the_old_production_becomes
         promote(c, model, rtn, "production")
     statuses = [(m.info.status, m.data.tags["edgeflow.alias"]) for m in _moves(c, model)]
     assert statuses == [("FAILED", "production")] * 2 + [("FINISHED", "production")] * 2 + [("FAILED", "production")]
+
+
+def test_production_ignores_a_successful_deployment_of_another_package_with_the_same_version_number(make_release, model, tmp_path):
+    """A deployment record names the version by number and tags the package it installed: a FINISHED deployment of
+    another package under that number (a re-created registry restarts its numbering) does not count."""
+    import shutil
+
+    from tasks.artifacts import write_manifest
+    from tasks.registry import PACKAGE_SHA256_TAG
+
+    r = make_release(model, PASSING)
+    c = client()
+    gptq = r.version("gptq-w4a16")
+    registered = c.get_model_version(model, gptq).tags[PACKAGE_SHA256_TAG]
+    other = tmp_path / "other-package"
+    shutil.copytree(_package(r, "gptq-w4a16"), other)
+    (other / "README.txt").write_text("another registry's version of the same number")
+    other_sha = write_manifest(other)
+    assert other_sha != registered
+
+    _deployed(r, gptq, package=other)
+    [run] = c.search_runs([c.get_experiment_by_name("edgeflow-deployments").experiment_id],
+                          f"tags.`edgeflow.model` = '{model}'")
+    assert run.info.status == "FINISHED" and run.data.tags[PACKAGE_SHA256_TAG] == other_sha
+    with pytest.raises(PromotionRefused, match=rf"^version {gptq} of {model} has no successful edge deployment"):
+        promote(c, model, gptq, "production")
+    assert _aliases(c, model)["production"] is None
+
+    _deployed(r, gptq, package=_package(r, "gptq-w4a16"))  # this version's own package, as fetch_version installs it
+    move = promote(c, model, gptq, "production")
+    assert move.version == gptq and move.checks[1].startswith("deployed: run ")
+    deployed = c.search_runs([c.get_experiment_by_name("edgeflow-deployments").experiment_id],
+                             f"tags.`edgeflow.model` = '{model}' and tags.`{PACKAGE_SHA256_TAG}` = '{registered}'")
+    assert len(deployed) == 1 and deployed[0].info.run_id in move.checks[1]
 
 
 def test_rollback_swaps_production_and_previous(make_release, model):

@@ -17,6 +17,20 @@ def test_shipped_recipes_parse_and_name_their_scheme():
     assert gptq == {"bits": 4, "group_size": 64, "symmetric": True, "actorder": None}
 
 
+def quantizes_lm_head(modifier: dict) -> bool:
+    """Does this recipe modifier quantize weights (config_groups or a preset scheme) without ignoring lm_head?"""
+    return ("config_groups" in modifier or "scheme" in modifier) and "lm_head" not in (modifier.get("ignore") or [])
+
+
+def test_the_lm_head_check_catches_a_quantizing_modifier_without_ignore():
+    gptq = load_recipe(RECIPES / "gptq-w4a16-sym.yaml")["quant_stage"]["quant_modifiers"]["GPTQModifier"]
+    assert not quantizes_lm_head(gptq)
+    assert quantizes_lm_head({k: v for k, v in gptq.items() if k != "ignore"})
+    assert quantizes_lm_head(gptq | {"ignore": ["embed_tokens"]})
+    assert quantizes_lm_head({"scheme": "W4A16", "targets": ["Linear"]})
+    assert not quantizes_lm_head({"smoothing_strength": 0.8})  # a modifier that quantizes nothing needs no ignore
+
+
 def test_every_shipped_recipe_is_accepted_by_llm_compressor():
     """Recipes are passed through unchanged, so each must validate against llm-compressor's own modifiers."""
     from llmcompressor.recipe import Recipe
@@ -28,7 +42,7 @@ def test_every_shipped_recipe_is_accepted_by_llm_compressor():
         recipe = load_recipe(RECIPES / name)
         assert Recipe.from_dict(recipe).modifiers, name
         for mod in recipe["quant_stage"]["quant_modifiers"].values():
-            assert "lm_head" in mod.get("ignore", ["lm_head"]) or "config_groups" not in mod, f"{name} quantizes lm_head"
+            assert not quantizes_lm_head(mod), f"{name} quantizes lm_head (a quantizing modifier without ignore: [lm_head])"
     mixed = {tuple(s["targets"]): s["bits"] for s in recipe_schemes(load_recipe(RECIPES / "mixed-w8attn-w4mlp.yaml"))}
     assert mixed == {("re:.*self_attn\\.(q|k|v|o)_proj$",): 8, ("re:.*mlp\\.(gate|up|down)_proj$",): 4}
     assert recipe_scheme(load_recipe(RECIPES / "gptq-w4a16-sym-actorder.yaml"))["actorder"] == "weight"

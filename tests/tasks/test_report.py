@@ -17,3 +17,50 @@ def test_student_table_marks_keys_an_older_cached_student_lacks():
     rows = student_table({"student_top1_vs_teacher": 0.5, "student_ppl": 10.0, "teacher_ppl": 5.0}).splitlines()
     assert rows[2] == "| before training | - | - | - |"
     assert rows[3] == "| after training | 50.0% | - | 10.0 |"
+
+
+def _gate():
+    from tests.tasks.evaluation.test_gate_report import REPORT
+
+    from tasks.evaluation.report import GateReport
+
+    return GateReport.model_validate(REPORT)
+
+
+def test_attempt_summary_names_what_passed_and_the_best_quantized_variant():
+    from tasks.report import attempt_summary
+
+    assert attempt_summary(_gate()) == {
+        "attempt": 1, "calibration_samples": 64, "passed": ["gptq-w4a16"],
+        "best": "gptq-w4a16: agreement 98.00%, KL 0.0123; passed",
+    }
+
+
+def test_release_report_keeps_the_variant_fields_and_the_gate_as_written():
+    from types import SimpleNamespace
+
+    from tasks.report import COLUMNS, VARIANT_FIELDS, markdown, release_report
+
+    ctx = SimpleNamespace(release_id="r-1", profile="configs/test-tiny.yaml", mlflow_parent_run_id="p", prefect_flow_run_id=None,
+                          resolved=lambda: SimpleNamespace(distill=SimpleNamespace(steps=3)))
+    registry = {"staging": None, "staging_version": None, "registered": {}, "why_no_staging": "rtn-w4a16: too far"}
+    student = {"student_layers": 2, "student_params": 1.5e6, "size_ratio": 4.0, "student_quality_pct": 50.0, "teacher_ppl": 5.0}
+    gate = _gate()
+    report = release_report(ctx, student, gate, registry, None, [{"attempt": 0}])
+    rtn = report["variants"][2]
+    assert list(rtn) == [*VARIANT_FIELDS, "engine_parity"] and VARIANT_FIELDS[: len(COLUMNS)] == COLUMNS
+    assert rtn["reasons"] == ["top-1 agreement 91.00% < 97.00%"] and rtn["engine_parity"] == 0.9987
+    assert report["gate"] == gate.thresholds and report["gate_reference"]["top_k"] == 64
+    assert report["why_no_staging"] == "no variant met the bar after 1 attempt(s); rtn-w4a16: too far"
+    assert report["student"]["student_layers"] == 2 and report["student"]["student_ppl"] is None and report["student"]["steps"] == 3
+    assert "| rtn-w4a16 | 1.2 | int4 |" in markdown(report) and "No staging: no variant met the bar" in markdown(report)
+
+
+def test_nightly_markdown_shows_the_window_and_the_outcome():
+    from tasks.report import nightly_markdown
+
+    traffic = {"since": "a", "until": "b", "files": 2, "kept": 40, "dropped_eval_overlap": 1,
+               "ingest": {"lines": 50, "records_with_pii": 3, "exact_duplicates": 2, "near_duplicates": 1}}
+    md = nightly_markdown({"status": "registered", "traffic": traffic, "staging": "version 4 (gptq-w4a16)"})
+    assert md.startswith("# Nightly recalibration: registered\n")
+    assert "| a → b | 2 | 50 | 40 | 3 | 3 | 1 |" in md and md.endswith("- **Staging:** version 4 (gptq-w4a16)\n")

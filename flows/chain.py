@@ -1,0 +1,72 @@
+"""What the release and the nightly recalibration share: open the release's MLflow run, calibrate → quantize →
+build engines → gate reference → consistency gate with bounded recalibration, and deploy through the pool.
+
+Tiny CPU run (services up, see README): python -m flows.release --profile configs/test-tiny.yaml --deploy none
+
+The data path only: the MLflow bookkeeping is tasks/runs.py's, the attempt summary tasks/report.py's.
+"""
+from __future__ import annotations
+
+from prefect import task
+from prefect.runtime import flow_run
+
+from flows.build_engine import build_engine
+from flows.calibrate import calibrate
+from flows.consistency import consistency
+from flows.gate_reference import gate_reference
+from flows.quantize import quantize
+from flows.stages import run_stage
+from tasks.artifacts import ArtifactRef
+from tasks.runs import ReleaseContext, open_release_run
+
+
+@task
+def open_release(profile: str) -> ReleaseContext:
+    """Create (or, on a retry of the same flow run, reuse) the MLflow parent run of this release, resolve the
+    profile once and publish every file it names to that run, so stages on other hosts read them from the store."""
+    return open_release_run(profile, flow_run.get_id())
+
+
+@task
+def run_deploy_on_pool(profile: str, alias: str) -> dict:
+    """Deploy through the `deploy-edge` deployment, so it runs on the `orin` pool's worker."""
+    from prefect.deployments import run_deployment
+
+    fr = run_deployment("deploy-edge/deploy-edge", parameters={"profile": profile, "alias": alias}, timeout=None)
+    if not fr.state.is_completed():
+        raise RuntimeError(f"deploy-edge flow run {fr.id} ended {fr.state.type.value}: {fr.state.message}")
+    return fr.state.result()
+
+
+@task
+def summarize_attempt(gate_report: ArtifactRef) -> dict:
+    """Did any quantized variant pass this attempt's gate, and how close did the best one come?"""
+    from tasks.evaluation.report import load_gate_report
+    from tasks.report import attempt_summary
+
+    return attempt_summary(load_gate_report(gate_report))
+
+
+def quantize_and_gate(ctx: ReleaseContext, student: ArtifactRef) -> tuple[ArtifactRef, ArtifactRef, list[dict]]:
+    """calibrate → quantize → build engines → gate, recalibrating while no variant passes.
+
+    Bounded recalibration: when no variant meets the bar, try again with a larger calibration set
+    (each attempt's stages are their own MLflow runs), at most gate.recalibration_attempts times.
+    Returns the last attempt's gate report and calibration set, and every attempt's summary.
+    Each stage runs where the profile's placement says (flows/stages.py).
+    """
+    attempts = []
+    for attempt in range(ctx.resolved().gate.recalibration_attempts + 1):
+        calibration = run_stage(ctx, "calibrate", calibrate, student=student, attempt=attempt)
+        quantized = run_stage(ctx, "quantize", quantize, student=student, calibration=calibration, attempt=attempt)
+        checkpoints = [student, *quantized]
+        engines = run_stage(ctx, "build_engine", build_engine, checkpoints=checkpoints)
+        reference = run_stage(ctx, "gate_reference", gate_reference, student=student, calibration=calibration,
+                              checkpoints=checkpoints, attempt=attempt)
+        gate_report = run_stage(ctx, "consistency", consistency, reference=reference, checkpoints=checkpoints,
+                                engines=engines, attempt=attempt)
+        attempts.append(summarize_attempt(gate_report))
+        if attempts[-1]["passed"]:
+            break
+        print(f"attempt {attempt}: no quantized variant met the bar ({attempts[-1]['best']})")
+    return gate_report, calibration, attempts

@@ -1,0 +1,38 @@
+"""Detached processes by pid file: spawned in their own session, stopped by process group."""
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+from tasks.processes import alive, read_pid, spawn_detached, stop_group
+
+
+def test_spawn_writes_log_and_pidfile_and_stop_ends_the_whole_group(tmp_path):
+    # a parent that starts a child in its own group and ignores SIGTERM: only the group's SIGKILL ends both
+    code = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "print(c.pid, flush=True); time.sleep(60)")
+    log, pidfile = tmp_path / "logs" / "p.log", tmp_path / "run" / "p.pid"
+    pid = spawn_detached([sys.executable, "-c", code], log, pidfile, tmp_path)
+    assert read_pid(pidfile) == pid and alive(pid)
+    deadline = time.time() + 30
+    while not log.read_text().strip() and time.time() < deadline:
+        time.sleep(0.1)
+    child = int(log.read_text().split()[0])
+    t0 = time.time()
+    stop_group(pid, ((signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)))
+    assert not alive(pid) and time.time() - t0 >= 1.0  # SIGTERM was ignored for its full wait, then SIGKILL
+    deadline = time.time() + 5
+    while alive(child) and time.time() < deadline:  # the child (not ours) is reaped by init
+        time.sleep(0.1)
+    assert not alive(child)
+
+
+def test_stop_of_a_gone_process_returns_and_a_gone_pid_is_not_alive(tmp_path):
+    pid = spawn_detached([sys.executable, "-c", "pass"], tmp_path / "l.log", tmp_path / "p.pid", tmp_path)
+    deadline = time.time() + 30
+    while alive(pid) and time.time() < deadline:  # alive reaps the exited child (else it stays a zombie)
+        time.sleep(0.05)
+    assert not alive(pid)
+    stop_group(pid)  # no such group any more: nothing to do, no error
