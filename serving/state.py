@@ -1,0 +1,72 @@
+"""What one app's handlers share: the engine runtime, settings, metrics, admission, the access log
+(PII scrubbed before a record is written) and the generations still open.
+
+    state = AppState(runtime, settings); state.log({"ts": utc_now(), "kind": "feedback", ...})
+"""
+from __future__ import annotations
+
+import os
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from serving.access_log import AccessLog
+from serving.admission import Admission
+from serving.metrics import Metrics
+from tasks.pii import scrub_value
+
+if TYPE_CHECKING:
+    from serving.app import ServerSettings
+    from serving.runtime import Generation, Runtime
+
+
+def utc_now() -> str:
+    """The `ts` of an access-log record: UTC, milliseconds, Z."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class AppState:
+    """One app's shared state; its handlers get it passed in (create_app builds one per engine)."""
+
+    def __init__(self, runtime: Runtime, settings: ServerSettings) -> None:
+        self.runtime = runtime
+        self.settings = settings
+        self.metrics = Metrics()
+        self.admission = Admission(settings.max_concurrency, settings.max_queue)
+        self.access_log = (
+            AccessLog(settings.access_log, settings.access_log_max_bytes, settings.access_log_backups)
+            if settings.access_log
+            else None
+        )
+        self.generations: set[Generation] = set()
+        self.metrics.in_flight.set_function(lambda: self.admission.active)
+        self.metrics.queue_depth.set_function(lambda: self.admission.waiting)
+        self.metrics.device_memory.set_function(runtime.device_memory_used)
+        self.metrics.engine.info(
+            {"backend": runtime.meta["backend"], "engine_version": runtime.engine_version, "model": settings.model_name or ""}
+        )
+        restarts = os.environ.get("EDGEFLOW_SERVER_RESTARTS", "0")
+        self.metrics.restarts.set(int(restarts) if restarts.isdigit() else 0)
+
+    # The fields of a record that carry client or model text (ids, timings and versions carry none).
+    TEXT_FIELDS = ("messages", "prompt", "response", "error", "comment")
+
+    def log(self, record: dict[str, Any]) -> None:
+        """Write one access-log record, PII and secrets scrubbed first (tasks.pii) unless scrub_access_log
+        is off: raw prompts never rest on the device. What was replaced is counted in `pii_scrubbed`."""
+        if self.access_log is None:
+            return
+        if self.settings.scrub_access_log:
+            found: dict[str, int] = {}
+            for key in self.TEXT_FIELDS:
+                if record.get(key) is not None:
+                    record[key], hits = scrub_value(record[key])
+                    for kind, n in hits.items():
+                        found[kind] = found.get(kind, 0) + n
+            record["pii_scrubbed"] = found
+        self.access_log.write(record)
+
+    def engine_stalled(self, reason: str) -> None:
+        """The watchdog fired: fail the probes and end every open generation with the reason."""
+        self.runtime.state, self.runtime.reason = "failed", reason
+        for gen in list(self.generations):
+            gen.fail(reason)
