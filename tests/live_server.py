@@ -1,4 +1,4 @@
-"""A real edge server (serving.server.create_app under uvicorn) on a free 127.0.0.1 port, in a thread."""
+"""A real edge server (serving.app.create_app under uvicorn) on a free 127.0.0.1 port, in a thread."""
 from __future__ import annotations
 
 import socket
@@ -21,7 +21,7 @@ class LiveServer:
     def __init__(self, engine_dir: Path, **settings) -> None:
         import uvicorn
 
-        from serving.server import ServerSettings, create_app
+        from serving.app import ServerSettings, create_app
 
         self.settings = ServerSettings(**settings)
         self.app = create_app(engine_dir, self.settings)

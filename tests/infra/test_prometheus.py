@@ -155,7 +155,7 @@ def test_prometheus_scrapes_the_server_and_probes_its_deep_health(engine_dir, tm
 
 def _exported_names() -> set[str]:
     """Every sample name the edge server's registry can export (counters as *_total, histograms as *_bucket, …)."""
-    from serving.server import Metrics
+    from serving.metrics import Metrics
 
     m = Metrics()
     m.requests.labels(endpoint="x", status="200").inc()

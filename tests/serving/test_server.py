@@ -393,7 +393,7 @@ def test_not_ready_before_engine_loads(engine_dir):
     """Without the lifespan (no load), everything that needs the engine says 503 with a reason."""
     from fastapi.testclient import TestClient
 
-    from serving.server import ServerSettings, create_app
+    from serving.app import ServerSettings, create_app
 
     client = TestClient(create_app(engine_dir, ServerSettings(model_name=MODEL)))  # not entered: no startup
     assert client.get("/ready").status_code == 503
@@ -494,7 +494,7 @@ def test_openai_client_raises_on_stream_error_event(tight):
 
 
 def test_cli_flags_map_to_settings():
-    from serving.server import ServerSettings, build_parser, settings_from_args
+    from serving.app import ServerSettings, build_parser, settings_from_args
 
     args = build_parser().parse_args(
         ["--engine", "e", "--port", "9000", "--model-name", "m", "--max-queue", "3", "--request-timeout-s", "1.5",
@@ -515,7 +515,7 @@ def test_cli_flags_map_to_settings():
 
 
 def test_cli_refuses_a_non_engine_dir(tmp_path, capsys):
-    from serving.server import main
+    from serving.app import main
 
     assert main(["--engine", str(tmp_path)]) == 2
     assert "engine.json" in capsys.readouterr().err
@@ -534,7 +534,8 @@ def test_deploy_smoke_chat_needs_a_finished_stream_with_tokens(server):
 
 def test_backend_defaults_to_engine_json_and_a_named_one_must_match(engine_dir):
     """Without --backend the server runs the backend engine.json names; a different one is refused, naming both."""
-    from serving.server import Runtime, ServerSettings
+    from serving.app import ServerSettings
+    from serving.runtime import Runtime
 
     runtime = Runtime(engine_dir, ServerSettings(model_name=MODEL))
     assert runtime.settings.backend == json.loads((engine_dir / "engine.json").read_text())["backend"]
