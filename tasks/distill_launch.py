@@ -1,4 +1,4 @@
-"""Multi-process distillation: the training loop of tasks/distill.py spread over several processes, one per GPU.
+"""Multi-process distillation: the training loop of tasks/distill/train.py spread over several processes, one per GPU.
 
 run_distill_distributed has run_distill's signature and result. It checks what needs no compute (process count,
 strategy, batch split, tokenizers), builds the training set once, writes a spec and launches

@@ -1,4 +1,5 @@
-"""Distillation loss math, apart from the training loop (tested on hand-computed tensors).
+"""Distillation loss math, apart from the training loop (tasks/distill/train.py calls kd_sums, hidden_sums, StepSums and
+rank_share every step; tests/tasks/test_losses.py checks them on hand-computed tensors).
 
 total = α·KL(p_T ‖ p_S at temperature T)·T² + (1−α)·CE(student, labels) + β·MSE(proj(h_S), h_T) / mean(h_T²)
 
@@ -36,21 +37,6 @@ def kd_sums(
     kd = (log_pt.exp() * (log_pt - log_ps)).sum() * temperature**2
     ce = F.cross_entropy(s, labels[mask], reduction="sum")
     return kd, ce, mask.sum()
-
-
-def kd_terms(
-    student_logits: torch.Tensor,
-    teacher_logits: torch.Tensor,
-    labels: torch.Tensor,
-    temperature: float,
-    ignore_index: int = -100,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(KL(p_T ‖ p_S at temperature T)·T², CE(student, labels)), each averaged over non-ignored tokens.
-
-    Logits are [batch, seq, vocab] and already aligned with `labels` (position t predicts labels[t]).
-    """
-    kd, ce, n = kd_sums(student_logits, teacher_logits, labels, temperature, ignore_index)
-    return kd / n, ce / n
 
 
 # Guards the relative MSE's divisor against an all-zero teacher hidden state.
@@ -93,29 +79,6 @@ def hidden_sums(
     return torch.stack(sse), torch.stack(tsq), torch.tensor(n, device=sse[0].device)
 
 
-def hidden_mse(
-    student_hidden: Sequence[torch.Tensor],
-    teacher_hidden: Sequence[torch.Tensor],
-    attention_mask: torch.Tensor,
-    projections: Sequence[torch.nn.Module | None] | None = None,
-    relative: bool = True,
-) -> torch.Tensor:
-    """Mean over mapped layer pairs of the per-element MSE between (projected) student and teacher hidden states.
-
-    student_hidden[i] ([batch, seq, d_S]) is matched with teacher_hidden[i] ([batch, seq, d_T]); when d_S != d_T,
-    projections[i] maps d_S -> d_T (a learned linear layer). Padding positions (attention_mask == 0) are excluded.
-    relative=True divides each layer's MSE by the teacher hidden state's mean square (a constant, no gradient).
-    """
-    sse, tsq, n = hidden_sums(student_hidden, teacher_hidden, attention_mask, projections)
-    if relative:
-        # The residual stream's scale differs by orders of magnitude across layers (SmolLM2-135M: mean square
-        # ~50 after layer 3, ~16,000 after layer 12, where a few "massive activation" channels reach 25,000).
-        # Raw MSE would be dominated by those layers and dwarf the KD term; relative MSE weighs layers alike.
-        # MSE / mean(h_T²) = Σ error² / Σ h_T²: the element count cancels.
-        return (sse / tsq.clamp_min(_TINY)).mean()
-    return (sse / n).mean()
-
-
 @dataclass
 class StepSums:
     """One process's share of a step's loss terms as sums (kd_sums, hidden_sums); sse/tsq are None without the beta term."""
@@ -148,6 +111,10 @@ def rank_share(sums: StepSums, divisors: torch.Tensor, alpha: float, beta: float
     total = alpha * kd + (1 - alpha) * ce
     hid = torch.zeros_like(kd)
     if sums.sse is not None and beta > 0:
+        # Relative MSE. The residual stream's scale differs by orders of magnitude across layers (SmolLM2-135M: mean
+        # square ~50 after layer 3, ~16,000 after layer 12, where a few "massive activation" channels reach 25,000).
+        # Raw MSE would be dominated by those layers and dwarf the KD term; relative MSE weighs layers alike.
+        # MSE / mean(h_T²) = Σ error² / Σ h_T²: the element count cancels.
         hid = (sums.sse / d[1:].clamp_min(_TINY)).mean()
         total = total + beta * hid
     return total, torch.stack([kd, ce, hid, total]).detach()
@@ -159,28 +126,6 @@ def make_projections(student_layers: Sequence[int], student_width: int, teacher_
         return torch.nn.ModuleDict()
     # Projection from the student side (FitNets): the teacher's representation stays the fixed target.
     return torch.nn.ModuleDict({str(j): torch.nn.Linear(student_width, teacher_width, bias=False) for j in student_layers})
-
-
-def combine(kd: torch.Tensor, ce: torch.Tensor, hidden: torch.Tensor | None, alpha: float, beta: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """α·kd + (1−α)·ce + β·hidden, and each term as a float for logging (hidden_mse is 0.0 when off)."""
-    total = alpha * kd + (1 - alpha) * ce
-    if hidden is not None and beta > 0:
-        total = total + beta * hidden
-    parts = {"kd": kd.item(), "ce": ce.item(), "hidden_mse": hidden.item() if hidden is not None else 0.0, "total": total.item()}
-    return total, parts
-
-
-def kd_loss(
-    student_logits: torch.Tensor,
-    teacher_logits: torch.Tensor,
-    labels: torch.Tensor,
-    alpha: float,
-    temperature: float,
-    ignore_index: int = -100,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """α·KL(p_T ‖ p_S at temperature T)·T² + (1−α)·CE(student, labels), with its terms (kd, ce, hidden_mse=0, total)."""
-    kd, ce = kd_terms(student_logits, teacher_logits, labels, temperature, ignore_index)
-    return combine(kd, ce, None, alpha, 0.0)
 
 
 def default_layer_map(kept: Sequence[int]) -> dict[int, int]:

@@ -35,9 +35,9 @@ from tasks.distill import (
     resolve_layer_map,
     run_distill,
     train,
-    write_sequences,
 )
 from tests.live_server import _free_port
+from tests.tasks.distill_helpers import write_sequences
 
 PUSHGATEWAY = "/usr/bin/prometheus-pushgateway"
 

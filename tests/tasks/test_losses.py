@@ -5,14 +5,11 @@ import torch
 
 from tasks.losses import (
     check_layer_map,
-    combine,
     default_layer_map,
-    hidden_mse,
-    kd_loss,
-    kd_terms,
     make_projections,
     spread_layer_map,
 )
+from tests.tasks.distill_helpers import combine, hidden_mse, kd_loss, kd_terms
 
 
 def test_kd_loss_matches_hand_computed_value():

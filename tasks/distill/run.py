@@ -1,0 +1,155 @@
+"""The distill stage's entry point: run_distill (checks -> training set -> train, resumable -> held-out evaluation ->
+save, in this process), and its two halves around train(), prepare_run and finish_run, which each process of a
+multi-process run uses too (tasks/distill_launch.py); compare_to_teacher is the held-out evaluation before and after.
+
+Tiny CPU run (services up): python -m flows.release --profile configs/test-tiny.yaml --deploy none
+"""
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tasks.artifacts import write_manifest
+from tasks.config import DistillConfig
+from tasks.distill.checkpoints import checkpoint_root, distill_run_key
+from tasks.distill.checks import (PARAM_RATIO_GUIDELINE, check_memory_budget, check_no_shared_storage, check_teacher_frozen,
+                                  check_vocab, load_tokenizer, param_ratio)
+from tasks.distill.data import TokenDataset, prepare_dataset, tokenize_corpus
+from tasks.distill.student import build_student, count_params, resolve_layer_map
+from tasks.distill.train import DistillResult, LogFn, train
+
+
+@torch.no_grad()
+def compare_to_teacher(teacher, student, seqs: list[list[int]]) -> dict[str, float]:
+    """Held-out top-1 agreement of student with teacher, mean KL(teacher ‖ student), and both perplexities."""
+    agree = total = 0
+    nll_t = nll_s = kl = 0.0
+    device = next(student.parameters()).device
+    for s in seqs:
+        ids = torch.tensor([s], device=device)
+        lt = teacher(input_ids=ids, use_cache=False).logits[0, :-1].float()
+        ls = student(input_ids=ids, use_cache=False).logits[0, :-1].float()
+        target = ids[0, 1:]
+        agree += int((lt.argmax(-1) == ls.argmax(-1)).sum())
+        total += len(target)
+        nll_t += float(torch.nn.functional.cross_entropy(lt, target, reduction="sum"))
+        nll_s += float(torch.nn.functional.cross_entropy(ls, target, reduction="sum"))
+        log_pt, log_ps = lt.log_softmax(-1), ls.log_softmax(-1)
+        kl += float((log_pt.exp() * (log_pt - log_ps)).sum())
+    ppl_t, ppl_s = math.exp(nll_t / total), math.exp(nll_s / total)
+    return {
+        "student_top1_vs_teacher": agree / total,
+        "student_kl_vs_teacher": kl / total,
+        "teacher_ppl": ppl_t,
+        "student_ppl": ppl_s,
+        # Quality as % of teacher: ratio of perplexities (100 % = as good as the teacher).
+        "student_quality_pct": 100.0 * ppl_t / ppl_s,
+        "eval_positions": total,
+    }
+
+
+
+@dataclass
+class PreparedRun:
+    """Everything a distillation run has before its first step: checked models, the training set, held-out text."""
+
+    tokenizer: object
+    teacher: torch.nn.Module
+    student: torch.nn.Module
+    layer_map: dict[int, int] | None
+    checks: dict[str, float]
+    data: TokenDataset
+    data_stats: dict
+    held_out: list[list[int]]
+    run_key: str
+    checkpoint_dir: Path
+
+
+def prepare_run(teacher_dir: Path, cfg: DistillConfig, corpora: list[Path], eval_texts: list[str], work_dir: Path,
+                student_from: Path | None = None, log: LogFn | None = None) -> PreparedRun:
+    """Checks that need no training (tokenizers, vocabularies, frozen teacher, memory budget, size ratio), then the
+    models (on the CPU) and the training set (built once, cached by content)."""
+    from transformers import AutoModelForCausalLM
+
+    log = log or (lambda step, metrics: None)
+    tokenizer = load_tokenizer(teacher_dir, student_from)
+    torch.manual_seed(cfg.seed)
+    teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32)
+    teacher.requires_grad_(False)
+    teacher.eval()
+    check_vocab(teacher, tokenizer, "teacher")
+    student, kept = build_student(teacher, cfg, student_from)
+    if student.config.vocab_size != teacher.config.vocab_size:
+        raise ValueError(
+            f"distill.student_from={student_from}: the student's vocab_size {student.config.vocab_size} != the teacher's "
+            f"{teacher.config.vocab_size}; logit distillation needs the same output vocabulary (the teacher's tokenizer)"
+        )
+    layer_map = resolve_layer_map(cfg, teacher.config.num_hidden_layers, student.config.num_hidden_layers, kept) if cfg.beta > 0 else None
+    d_s, d_t = student.config.hidden_size, teacher.config.hidden_size
+    n_proj = len(layer_map) * d_s * d_t if layer_map and d_s != d_t else 0
+    n_teacher, n_student = count_params(teacher), count_params(student)
+    memory_mb = check_memory_budget(sum(p.numel() for p in student.parameters() if p.requires_grad) + n_proj, cfg)
+    ratio = param_ratio(n_teacher, n_student)
+    check_teacher_frozen(teacher)
+    check_no_shared_storage(teacher, student)
+    checks = {"teacher_params": n_teacher, "student_params": n_student, "size_ratio": ratio,
+              "param_ratio_in_guideline": float(PARAM_RATIO_GUIDELINE[0] <= ratio <= PARAM_RATIO_GUIDELINE[1]),
+              "student_training_memory_mb": memory_mb, "student_layers": student.config.num_hidden_layers}
+    log(0, checks)
+
+    data, data_stats = prepare_dataset(corpora, tokenizer, cfg, work_dir / "cache" / "distill-data")
+    log(0, {k: v for k, v in data_stats.items() if k != "dataset_key"})
+    held_out, _ = tokenize_corpus(eval_texts, tokenizer, cfg.max_seq_len)
+    if not held_out:
+        raise ValueError("no held-out evaluation text of 2+ tokens; check gate.eval_sources")
+    run_key = distill_run_key(teacher_dir, student_from, cfg, data_stats["dataset_key"])
+    return PreparedRun(tokenizer, teacher, student, layer_map, checks, data, data_stats, held_out, run_key,
+                       checkpoint_root(work_dir, run_key))
+
+
+def finish_run(run: PreparedRun, before: dict[str, float], result: DistillResult, out_dir: Path) -> dict:
+    """Evaluate the trained student against the teacher, save it (with the tokenizer and a manifest) to out_dir,
+    drop the run's checkpoints, and return run_distill's metrics."""
+    after = compare_to_teacher(run.teacher, run.student, run.held_out)
+    run.student.to("cpu")
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    run.student.save_pretrained(tmp)
+    run.tokenizer.save_pretrained(tmp)
+    write_manifest(tmp)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    # The student is saved: its checkpoints are no longer needed (a retry now hits the Prefect cache).
+    shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
+    return {
+        **after,
+        "student_ppl_before_training": before["student_ppl"],
+        "student_top1_before_training": before["student_top1_vs_teacher"],
+        "student_kl_before_training": before["student_kl_vs_teacher"],
+        "final_loss": result.final_loss,
+        "mean_tokens_per_s": result.tokens_per_s,
+        "resumed_from_step": result.resumed_from_step,
+        "training_processes": result.processes,
+        **run.checks,
+        **{k: v for k, v in run.data_stats.items() if k != "dataset_key"},
+        "history": result.history,
+    }
+
+
+def run_distill(teacher_dir: Path, cfg: DistillConfig, corpora: list[Path], eval_texts: list[str], out_dir: Path,
+                work_dir: Path, student_from: Path | None = None, log: LogFn | None = None) -> dict:
+    """Checks → training set → train (resumable) → evaluate → save, in this process. Returns metrics; the student
+    lands in out_dir. tasks/distill_launch.py:run_distill_distributed is the same over several processes."""
+    run = prepare_run(teacher_dir, cfg, corpora, eval_texts, work_dir, student_from, log)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    run.teacher.to(device)
+    run.student.to(device)
+    before = compare_to_teacher(run.teacher, run.student, run.held_out)
+    result = train(run.teacher, run.student, run.data, cfg, run.tokenizer.pad_token_id, layer_map=run.layer_map,
+                   checkpoint_dir=run.checkpoint_dir, run_label=run.run_key[:12], log=log)
+    return finish_run(run, before, result, out_dir)
