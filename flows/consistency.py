@@ -31,6 +31,7 @@ def gate_variants(
     """Score each engine against the reference and write the gate report (with its plots)."""
     from tasks.evaluation import plots
     from tasks.evaluation.gate import run_gate
+    from tasks.evaluation.report import GateReport
     from tasks.evaluation.reference import load_reference
     from tasks.store import materialize, publish
 
@@ -77,6 +78,7 @@ def gate_variants(
             "rows": rows,
             "plots": {f.stem: publish(client, run_id, f, "plots", "plot").model_dump() for f in figures},
         }
+        GateReport.model_validate(report)  # the shape every reader parses (tasks/evaluation/report.py); fail here, not there
         out = profile.work / "releases" / ctx.release_id / f"gate-attempt{attempt}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1))

@@ -63,3 +63,16 @@ def test_a_server_that_exits_fails_the_health_wait_at_once_not_at_the_timeout() 
     with pytest.raises(RuntimeError, match=rf"pid {proc.pid}\) exited before becoming healthy"):
         wait_healthy(f"http://127.0.0.1:{_free_port()}", timeout=60, pid=proc.pid)
     assert time.monotonic() - t0 < 10
+
+
+def test_package_sha256_is_the_tree_hash_the_package_was_registered_with(tmp_path):
+    """record_deployment tags this hash; it must equal what write_manifest returned to the register stage."""
+    from tasks.artifacts import write_manifest
+    from tasks.deploy import package_sha256
+
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "engine.json").write_text("{}")
+    (tmp_path / "gate.json").write_text("{}")
+    registered = write_manifest(tmp_path)
+    assert package_sha256(tmp_path) == registered
+    assert package_sha256(tmp_path / "engine") is None  # no manifest: no hash claimed
