@@ -247,8 +247,22 @@ class QuantizeConfig(_Strict):
 
 
 class EngineConfig(_Strict):
-    backend: Literal["cpu", "cpu_native", "tensorrt_llm"] = Field(default="cpu", description="Key of tasks.engines.BACKENDS.")
-    profile: dict = Field(default_factory=dict, description="Backend build options (see the backend's DEFAULT_PROFILE).")
+    backend: str = Field(default="cpu", description="Key of tasks.engines.BACKENDS (the one list of backend names).")
+    profile: dict = Field(default_factory=dict, description="Backend build options, validated against the backend's "
+                          "`Profile` model when the profile loads (tasks/engines/<backend>: every key, its default and why).")
+
+    @model_validator(mode="after")
+    def _profile_fits_backend(self) -> EngineConfig:
+        # Kept as given (the build stage's cache key hashes it); validated here so a typo fails at load, not at build.
+        from tasks.engines import BACKENDS, validate_profile
+
+        if self.backend not in BACKENDS:
+            raise ValueError(f"engine.backend={self.backend!r} is unknown; choose one of {sorted(BACKENDS)}")
+        try:
+            validate_profile(self.backend, self.profile)
+        except ValueError as e:
+            raise ValueError(f"engine.profile: {e}") from None
+        return self
 
 
 class GateConfig(_Strict):

@@ -1,12 +1,18 @@
-"""Engine backends behind one dict.
+"""Engine backends behind one dict, held to one API (`Backend`).
 
-Every backend module exports the same functions with the same signatures, so the
-server and the consistency gate never branch on hardware:
+    python -c "from tasks.engines import get_backend; print(get_backend('cpu_native').build_identity())"
 
+Every backend module exports the same names with the same signatures (tests/tasks/engines/test_contract.py
+compares each against `Backend`), so the server and the consistency gate never branch on hardware:
+
+    Profile
+        The backend's pydantic build-profile model (extra="forbid"); `engine.profile` is validated
+        against it when the edgeflow profile loads (`validate_profile`).
     build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict
-        Compile a checkpoint (dense safetensors or an llm-compressor compressed-tensors
-        directory) into an engine directory; writes and returns `engine.json` metadata
-        (backend, versions, build flags, device fingerprint, checkpoint sha256).
+        Compile a checkpoint (dense safetensors or an llm-compressor compressed-tensors directory,
+        read by tasks.engines.checkpoint) into an engine directory; writes and returns `engine.json`
+        (tasks.engines.engine_dir.EngineMeta: backend, format, precision, checkpoint sha256, files,
+        build identity, plus the backend's own keys).
     check_compatible(engine_dir: Path) -> None
         Raise EngineIncompatibleError, naming both sides, if this device cannot run the engine.
     build_identity() -> str
@@ -26,25 +32,60 @@ server and the consistency gate never branch on hardware:
     score(session, input_ids: list[int]) -> numpy.ndarray
         Logits for every position of `input_ids`, shape [len(input_ids), vocab], float32
         (teacher-forced; used by the consistency gate).
+    device_memory_used(session) -> float | None
+    device_utilization(session) -> float | None
+        Bytes the engine holds on its device, and the device's busy fraction in [0, 1]; None where
+        the device is this process's own memory and CPU (the server then reports process RSS).
+        `tasks.engines.hooks` holds these defaults; the GPU backend implements both.
 
-`tensorrt_llm` is imported only inside its own module: importing this package never needs a GPU.
+`tensorrt_llm` is imported only inside its own backend: importing this package never needs a GPU.
 """
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
 
+if TYPE_CHECKING:
+    import numpy as np
+    from pydantic import BaseModel
+
+    from tasks.engines.sampling import SamplingParams
+
+# The one list of backend names (EngineConfig.backend, the server's --backend and the docs read it).
 BACKENDS: dict[str, str] = {
     "cpu": "tasks.engines.cpu_onnx",
     "cpu_native": "tasks.engines.cpu_native",
     "tensorrt_llm": "tasks.engines.tensorrt_llm",
 }
 
-API = ("build", "check_compatible", "build_identity", "load", "generate", "score", "sampling_support")
-
 
 class EngineIncompatibleError(RuntimeError):
     """The engine was built for another device, runtime version or checkpoint."""
+
+
+class Backend(Protocol):
+    """What every module in BACKENDS exports (see the module docstring for each name's contract)."""
+
+    Profile: type[BaseModel]
+
+    def build(self, checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict: ...
+    def check_compatible(self, engine_dir: Path) -> None: ...
+    def build_identity(self) -> str: ...
+    def load(self, engine_dir: Path) -> Any: ...
+    def generate(self, session: Any, input_ids: list[int], max_new_tokens: int, stop_token_ids: Sequence[int],
+                 sampling: SamplingParams | None = None) -> Iterator[int]: ...
+    def sampling_support(self) -> frozenset[str]: ...
+    def score(self, session: Any, input_ids: list[int]) -> np.ndarray: ...
+    def device_memory_used(self, session: Any) -> float | None: ...
+    def device_utilization(self, session: Any) -> float | None: ...
+
+
+# Names every backend exports: the Protocol's members (kept in step with it by the contract test).
+API = ("Profile", "build", "check_compatible", "build_identity", "load", "generate", "score", "sampling_support",
+       "device_memory_used", "device_utilization")
 
 
 def get_backend(name: str) -> ModuleType:
@@ -52,3 +93,22 @@ def get_backend(name: str) -> ModuleType:
     if name not in BACKENDS:
         raise ValueError(f"engine.backend={name!r} is unknown; choose one of {sorted(BACKENDS)}")
     return importlib.import_module(BACKENDS[name])
+
+
+def validate_profile(backend: str, profile: dict | None) -> BaseModel:
+    """`profile` checked against the backend's Profile model; ValueError naming the key, the value and the fix."""
+    from pydantic import ValidationError
+
+    model = get_backend(backend).Profile
+    profile = dict(profile or {})
+    known = sorted(model.model_fields)
+    unknown = sorted(set(profile) - set(known))
+    if unknown:
+        raise ValueError(f"unknown {backend} engine profile keys {unknown}; known: {known}")
+    try:
+        return model.model_validate(profile)
+    except ValidationError as e:
+        problems = "; ".join(
+            (f"{'.'.join(map(str, err['loc']))}={err['input']!r}: " if err["loc"] else "")
+            + err["msg"].removeprefix("Value error, ") for err in e.errors())
+        raise ValueError(f"{backend} engine profile is invalid: {problems}") from None

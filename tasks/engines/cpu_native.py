@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import json
 import os
 import queue
 import shutil
@@ -52,27 +51,30 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from tasks.artifacts import sha256_tree
-from tasks.engines import EngineIncompatibleError
-from tasks.engines import cpu_onnx
-from tasks.engines.sampling import EPSILON, GREEDY, PARAMETERS, Sampler, SamplingParams, Token, excluded_mass_bound
-from tasks.engines.cpu_onnx import (
-    NotInt4Exact,
-    QuantScheme,
-    _copy_tokenizer_files,
-    _cpu_flags,
-    _read_config,
-    _threads_from_env,
-    detect_scheme,
-    device_fingerprint,
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.engines import EngineIncompatibleError, engine_dir as edir, validate_profile
+from tasks.engines.checkpoint import (
+    InexactWeights,
+    WeightScheme,
+    copy_tokenizer_files,
+    int4_group_scheme,
+    layer,
+    load_dequantized,
+    load_tensors,
+    read_config,
+    weight_schemes,
 )
+from tasks.engines.cpu_host import ISA_FLAGS, cpu_flags as _cpu_flags, device_fingerprint, threads_from_env
+from tasks.engines.hooks import device_memory_used, device_utilization  # noqa: F401  (backend API: CPU defaults)
+from tasks.engines.sampling import EPSILON, GREEDY, PARAMETERS, Sampler, SamplingParams, Token, excluded_mass_bound
 
 BACKEND = "cpu_native"
-ENGINE_JSON = "engine.json"
 WEIGHTS = "weights.safetensors"
 FORMAT_VERSION = 2  # 2: int4 words of 4 nibbles for the int16-activation kernels; row-major int8 head
 SOURCE = Path(__file__).resolve().parent / "native" / "q4.c"
@@ -85,14 +87,21 @@ STEP_ROWS = 16  # rows one llama_step call carries (q4.c's STEP_ROWS): prefill c
 IDLE_EXIT_S = 2.0  # an idle scheduler thread ends after this long (restarted by the next generate)
 FIX = "use engine.backend: cpu (onnxruntime) for this checkpoint or machine"
 
-DEFAULT_PROFILE: dict[str, Any] = {
-    # Quantized weights the int4 g64 kernel cannot hold exactly (8-bit, another group size, act-order,
-    # several schemes): "dequantize" runs the exactly dequantized fp32 weights (same numbers, dense
-    # speed; recorded under "dequantized" in engine.json); "error" refuses the checkpoint.
-    "inexact_weights": "dequantize",
-    # Exact-argmax head: above this many candidate rows one full fp32 pass runs instead of rescoring.
-    "max_candidates": 4096,
-}
+class Profile(BaseModel):
+    """`engine.profile` of the cpu_native backend (validated when the edgeflow profile loads)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    inexact_weights: Literal["dequantize", "error"] = Field(
+        default="dequantize", description="Quantized weights the int4 g64 kernel cannot hold exactly (8-bit, another "
+        "group size, act-order, several schemes): 'dequantize' runs the exactly dequantized fp32 weights (same "
+        "numbers, dense speed; recorded under 'dequantized' in engine.json); 'error' refuses the checkpoint.")
+    max_candidates: int = Field(
+        default=4096, ge=0, description="Exact-argmax head: above this many candidate rows one full fp32 pass runs "
+        "instead of rescoring (rows are rescored one by one; past ~4k a single SGEMM over the head is cheaper).")
+
+
+DEFAULT_PROFILE: dict[str, Any] = Profile().model_dump()
 
 _LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -128,7 +137,7 @@ def _require_isa() -> None:
     if missing:
         raise EngineIncompatibleError(
             f"cpu_native kernels need CPU flags {list(REQUIRED_ISA)}; this CPU lacks {missing} "
-            f"(has {sorted(f for f in cpu_onnx._ISA_FLAGS if f in have)}); {FIX}"
+            f"(has {sorted(f for f in ISA_FLAGS if f in have)}); {FIX}"
         )
 
 
@@ -279,47 +288,27 @@ def _arch(config: dict[str, Any], where: Path) -> dict[str, Any]:
             "tie_word_embeddings": bool(config.get("tie_word_embeddings", False))}
 
 
-def _int4_layer(tensors: dict[str, Any], prefix: str, scheme: QuantScheme) -> tuple[np.ndarray, ...]:
-    """(q uint8 [out, in], s fp32 [out, G], z uint8 [out, G]) of one compressed-tensors linear layer.
-
-    compressed-tensors pack-quantized: weight_packed int32 [out, in/8], nibbles = q + 8 along `in`;
-    weight_zero_point int32 [out/8, G], nibbles = z + 8 along `out`; symmetric schemes have no zero
-    point (z + 8 = 8). The integers are used as stored: q - z is exact.
-    """
-    import torch
-
-    packed = tensors.get(f"{prefix}.weight_packed")
-    if packed is None:
-        raise ValueError(f"{prefix}: no weight_packed tensor (a mixed dense/int4 decoder is not supported); {FIX}")
-    scale = tensors[f"{prefix}.weight_scale"]
-    shape = tensors.get(f"{prefix}.weight_shape")
-    n_out, n_in = (int(shape[0]), int(shape[1])) if shape is not None else (packed.shape[0], packed.shape[1] * 8)
-    if n_in % GROUP or n_out % 8 or tuple(packed.shape) != (n_out, n_in // 8):
-        raise ValueError(f"{prefix}: weight [{n_out}, {n_in}] (packed {tuple(packed.shape)}) is not whole "
-                         f"{GROUP}-column groups / 8-row words")
-    g_idx = tensors.get(f"{prefix}.weight_g_idx")
-    if g_idx is not None and not torch.equal(g_idx.to(torch.int32), torch.arange(n_in, dtype=torch.int32) // GROUP):
-        raise NotInt4Exact(f"{prefix}: act-order weight_g_idx (non-contiguous groups) is not representable")
-    if tuple(scale.shape) != (n_out, n_in // GROUP):
-        raise ValueError(f"{prefix}: weight_scale shape {tuple(scale.shape)} != ({n_out}, {n_in // GROUP})")
-    q = cpu_onnx._unpack_int4_rows(packed, n_in).numpy()
-    if scheme.symmetric:
-        z = np.full((n_out, n_in // GROUP), 8, np.uint8)
-    else:
-        zp = tensors[f"{prefix}.weight_zero_point"]
-        z = cpu_onnx._unpack_int4_rows(zp.T.contiguous(), n_out).T.contiguous().numpy()
-    return q, scale.to(torch.float32).numpy(), z
+def _int4_layer(tensors: dict[str, np.ndarray], prefix: str, scheme: WeightScheme) -> tuple[np.ndarray, ...]:
+    """(q uint8 [out, in], s fp32 [out, G], z uint8 [out, G]) of one linear layer, as the checkpoint stores them
+    (tasks.engines.checkpoint.layer: q - z is exact), with this kernel's shape rule: whole 64-column groups and
+    8-row words."""
+    try:
+        q = layer(tensors, prefix, scheme)
+    except InexactWeights:
+        raise
+    except ValueError as e:
+        raise ValueError(f"{e}; {FIX}") from e
+    n_out, n_in = q.q.shape
+    if n_in % GROUP or n_out % 8:
+        raise ValueError(f"{prefix}: weight [{n_out}, {n_in}] is not whole {GROUP}-column groups / 8-row words")
+    return q.q, q.scale, q.zero
 
 
 def _dense_weights(checkpoint_dir: Path, dequantize: bool) -> dict[str, np.ndarray]:
     """fp32 state dict as numpy: the checkpoint's tensors, or its exactly dequantized weights."""
     if dequantize:
-        from tasks.quantize import load_dequantized
-
-        sd = load_dequantized(checkpoint_dir).state_dict()
-    else:
-        sd = cpu_onnx._load_safetensors(checkpoint_dir)
-    return {k: v.detach().float().contiguous().numpy() for k, v in sd.items()}
+        return {k: v.detach().float().contiguous().numpy() for k, v in load_dequantized(checkpoint_dir).state_dict().items()}
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in load_tensors(checkpoint_dir).items()}
 
 
 def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
@@ -327,32 +316,23 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
     from safetensors.numpy import save_file
 
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
-    unknown = set(profile or {}) - set(DEFAULT_PROFILE)
-    if unknown:
-        raise ValueError(f"unknown cpu_native engine profile keys {sorted(unknown)}; known: {sorted(DEFAULT_PROFILE)}")
-    prof = {**DEFAULT_PROFILE, **(profile or {})}
-    if prof["inexact_weights"] not in ("dequantize", "error"):
-        raise ValueError(f"profile inexact_weights={prof['inexact_weights']!r}: choose 'dequantize' or 'error'")
-    if int(prof["max_candidates"]) < 0:
-        raise ValueError(f"profile max_candidates={prof['max_candidates']}: must be >= 0")
-    config = _read_config(checkpoint_dir)
+    prof = validate_profile(BACKEND, profile)
+    config = read_config(checkpoint_dir)
     arch = _arch(config, checkpoint_dir)
     lib_path, kernel = compile_kernels()  # fail early on a machine that cannot run the engine
 
     dequantized: str | None = None
     try:
         scheme = detect_scheme(checkpoint_dir)
-        if scheme is not None and scheme.group_size != GROUP:
-            raise NotInt4Exact(f"group_size={scheme.group_size}: the cpu_native int4 kernel runs group size {GROUP} only")
-    except NotInt4Exact as e:
-        if prof["inexact_weights"] == "error":
+    except InexactWeights as e:
+        if prof.inexact_weights == "error":
             raise ValueError(f"{checkpoint_dir}: {e}; cpu_native runs int4 group-{GROUP} weights exactly; "
                              f"{FIX}, or profile inexact_weights: dequantize") from e
         scheme, dequantized = None, str(e)
 
     out: dict[str, np.ndarray] = {}
     if scheme is not None:
-        tensors = cpu_onnx._load_safetensors(checkpoint_dir)
+        tensors = load_tensors(checkpoint_dir)
         if any(k.startswith("lm_head.weight_") for k in tensors):
             raise ValueError(f"{checkpoint_dir}: the lm_head is quantized; cpu_native runs an fp32 lm_head only; {FIX}")
         try:
@@ -362,12 +342,13 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
                     q, s, z = (np.concatenate([parts[n][j] for n in names]) for j in range(3))
                     w, si, zi = pack_int4(q, s, z)
                     out[f"layers.{i}.{fused}.w"], out[f"layers.{i}.{fused}.s"], out[f"layers.{i}.{fused}.z"] = w, si, zi
-        except NotInt4Exact as e:  # found in the tensors (act-order g_idx)
-            if prof["inexact_weights"] == "error":
+        except InexactWeights as e:  # found in the tensors (act-order g_idx)
+            if prof.inexact_weights == "error":
                 raise ValueError(f"{checkpoint_dir}: {e}; {FIX}, or profile inexact_weights: dequantize") from e
             scheme, dequantized, out = None, str(e), {}
         else:
-            dense = {k: v.float().contiguous().numpy() for k, v in tensors.items() if not k.rpartition(".")[2].startswith("weight_")}
+            dense = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()
+                     if not k.rpartition(".")[2].startswith("weight_")}
     if scheme is None:
         dense = _dense_weights(checkpoint_dir, dequantize=dequantized is not None)
         for i in range(arch["num_hidden_layers"]):
@@ -391,36 +372,46 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
     out = {k: np.ascontiguousarray(v) for k, v in out.items()}
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / ENGINE_JSON).unlink(missing_ok=True)  # a failed rebuild must not look like a valid engine
+    edir.clear_meta(out_dir)
     save_file(out, str(out_dir / WEIGHTS))
-    copied = _copy_tokenizer_files(checkpoint_dir, out_dir)
-    meta: dict[str, Any] = {
-        "backend": BACKEND,
-        "format_version": FORMAT_VERSION,
+    copied = copy_tokenizer_files(checkpoint_dir, out_dir)
+    return edir.write_meta(out_dir, edir.EngineMeta(
+        backend=BACKEND,
+        format=f"cpu_native weights v{FORMAT_VERSION}",
+        precision="int4" if scheme is not None else "fp32",  # what the layers compute with (report column)
+        checkpoint_sha256=sha256_tree(checkpoint_dir),
+        dequantized=dequantized and {"reason": dequantized, "checkpoint_quantization": config["quantization_config"]},
+        files=[WEIGHTS],
+        tokenizer_files=copied,
+        build_identity=build_identity(),
+        format_version=FORMAT_VERSION,
         **kernel,
-        "numpy": np.__version__,
-        "required_isa": list(REQUIRED_ISA),
-        "weights": "int4-g64" if scheme is not None else "fp32",
+        numpy=np.__version__,
+        required_isa=list(REQUIRED_ISA),
+        weights="int4-g64" if scheme is not None else "fp32",
         # what the int4 and head kernels multiply the weights with (fp32 weights take fp32 activations)
-        "activations": "int16 per 64-group" if scheme is not None else "fp32",
-        "precision": "int4" if scheme is not None else "fp32",  # what the layers compute with (report column)
-        "quantization": scheme.as_dict() if scheme else None,
-        "dequantized": dequantized and {"reason": dequantized, "checkpoint_quantization": config["quantization_config"]},
-        "lm_head": {"exact_argmax": "int8 per-row bound + fp32 rescoring", "score": "fp32",
-                    "tied": head is embed, "vocab_size": int(head.shape[0])},
-        "sampling": {"method": "exact fp32 logits of every token whose probability can exceed epsilon "
-                               "(int8 per-row bound selects them; the left-out mass is bounded per step)",
-                     "epsilon": EPSILON, "parameters": list(PARAMETERS)},
-        "architecture": arch,
-        "profile": prof,
-        "checkpoint": str(checkpoint_dir.resolve()),
-        "checkpoint_sha256": sha256_tree(checkpoint_dir),
-        "device": device_fingerprint(),
-        "tokenizer_files": copied,
-        "model_files": [WEIGHTS],
-    }
-    (out_dir / ENGINE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True))
-    return meta
+        activations="int16 per 64-group" if scheme is not None else "fp32",
+        quantization=scheme.summary() if scheme else None,
+        lm_head={"exact_argmax": "int8 per-row bound + fp32 rescoring", "score": "fp32",
+                 "tied": head is embed, "vocab_size": int(head.shape[0])},
+        sampling={"method": "exact fp32 logits of every token whose probability can exceed epsilon "
+                            "(int8 per-row bound selects them; the left-out mass is bounded per step)",
+                  "epsilon": EPSILON, "parameters": list(PARAMETERS)},
+        architecture=arch,
+        profile=prof.model_dump(),
+        checkpoint=str(checkpoint_dir.resolve()),
+        device=device_fingerprint(),
+    ))
+
+
+def detect_scheme(checkpoint_dir: Path) -> WeightScheme | None:
+    """None for a dense checkpoint; its scheme if the int4 kernel runs it exactly (int4, groups of 64).
+
+    InexactWeights for other weight-only schemes; ValueError naming the field for anything no engine builds.
+    """
+    where = f"{checkpoint_dir}/config.json"
+    schemes = weight_schemes(read_config(checkpoint_dir), where, engine="cpu_native")
+    return None if schemes is None else int4_group_scheme(schemes, where, (GROUP,), "the cpu_native int4 kernel")
 
 
 def build_identity() -> str:
@@ -435,12 +426,7 @@ def build_identity() -> str:
 
 def check_compatible(engine_dir: Path) -> None:
     """Raise EngineIncompatibleError (naming both sides) if this machine cannot run the engine."""
-    path = Path(engine_dir) / ENGINE_JSON
-    if not path.exists():
-        raise EngineIncompatibleError(f"{engine_dir}: no {ENGINE_JSON}; not an edgeflow engine directory (build it with engine.build)")
-    meta = json.loads(path.read_text())
-    if meta.get("backend") != BACKEND:
-        raise EngineIncompatibleError(f"{engine_dir}: engine backend is {meta.get('backend')!r} but this device runs backend {BACKEND!r}")
+    meta = edir.check_meta(engine_dir, BACKEND).model_dump(mode="json")
     if meta.get("format_version") != FORMAT_VERSION:
         raise EngineIncompatibleError(
             f"{engine_dir}: engine format_version {meta.get('format_version')!r}, this runtime reads {FORMAT_VERSION} (rebuild the engine)"
@@ -458,16 +444,15 @@ def check_compatible(engine_dir: Path) -> None:
             f"{engine_dir}: engine needs CPU flags {meta.get('required_isa')}, this CPU "
             f"({device_fingerprint()['cpu_model'] or 'unknown'}) lacks {missing}; {FIX}"
         )
-    absent = [f for f in meta.get("model_files", [WEIGHTS]) if not (Path(engine_dir) / f).exists()]
-    if absent:
-        raise EngineIncompatibleError(f"{engine_dir}: engine files missing: {absent}")
     _compiler()  # the kernels are compiled on this machine (once, cached): no compiler, no engine
 
 
 @dataclass
 class NativeSession:
-    """Opaque handle returned by `load`: weights, layer pointer table and the kernels. Read-only after load;
-    every generate/score call allocates its own KV cache and scratch, so concurrent calls are safe."""
+    """Opaque handle returned by `load`: weights, layer pointer table and the kernels (read-only after load),
+    plus the session's `_Scheduler`. Every `generate` call is a request to that one scheduler thread, which
+    owns the decoder and its shared KV cache (MAX_ROWS slots, grown when a stream needs more positions);
+    `score` builds a decoder and KV cache of its own per call. Concurrent calls of both are safe."""
 
     lib: Any
     engine_dir: Path
@@ -516,7 +501,7 @@ def load(engine_dir: Path) -> NativeSession:
 
     engine_dir = Path(engine_dir)
     check_compatible(engine_dir)
-    meta = json.loads((engine_dir / ENGINE_JSON).read_text())
+    meta = edir.read_meta(engine_dir).model_dump(mode="json")
     lib = _library()
     t = {k: np.ascontiguousarray(v) for k, v in load_file(str(engine_dir / WEIGHTS)).items()}
     arch = meta["architecture"]
@@ -533,7 +518,7 @@ def load(engine_dir: Path) -> NativeSession:
     cos, sin = _rope_tables(arch["rope_theta"], arch["head_dim"], arch["context_length"])
     return NativeSession(
         lib=lib, engine_dir=engine_dir, meta=meta, arch=arch, tensors=t, layers=np.asarray(rows, dtype=np.int64),
-        cos=cos, sin=sin, threads=_threads_from_env(), max_candidates=int(meta["profile"]["max_candidates"]),
+        cos=cos, sin=sin, threads=threads_from_env(), max_candidates=int(meta["profile"]["max_candidates"]),
         vocab_size=int(meta["lm_head"]["vocab_size"]), context_length=int(arch["context_length"]),
     )
 

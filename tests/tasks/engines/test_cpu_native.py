@@ -21,6 +21,7 @@ pytest.importorskip("llmcompressor")
 from tasks.artifacts import sha256_tree  # noqa: E402
 from tasks.engines import EngineIncompatibleError, get_backend  # noqa: E402
 from tasks.engines import cpu_native  # noqa: E402
+from tasks.engines import cpu_host  # noqa: E402
 
 if not {"avx2", "fma", "f16c"} <= cpu_native._cpu_flags() or shutil.which("cc") is None:
     pytest.skip("cpu_native needs an AVX2/FMA/F16C CPU and a C compiler", allow_module_level=True)
@@ -467,12 +468,12 @@ def test_load_generate_score_do_not_import_torch(engines, tmp_path: Path) -> Non
 def test_thread_count_env(engines, sessions, monkeypatch) -> None:
     ids = _prompts()[2]
     want = list(cpu_native.generate(sessions["asym"], ids, 8, []))
-    monkeypatch.setenv(cpu_native.cpu_onnx.THREADS_ENV, "1")
+    monkeypatch.setenv(cpu_host.THREADS_ENV, "1")
     one = cpu_native.load(engines["asym"])
     assert one.threads == 1
     assert list(cpu_native.generate(one, ids, 8, [])) == want  # row results do not depend on the split
-    monkeypatch.setenv(cpu_native.cpu_onnx.THREADS_ENV, "0")
-    with pytest.raises(ValueError, match=cpu_native.cpu_onnx.THREADS_ENV):
+    monkeypatch.setenv(cpu_host.THREADS_ENV, "0")
+    with pytest.raises(ValueError, match=cpu_host.THREADS_ENV):
         cpu_native.load(engines["asym"])
 
 

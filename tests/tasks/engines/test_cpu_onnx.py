@@ -22,6 +22,7 @@ pytest.importorskip("llmcompressor")
 from tasks.artifacts import sha256_tree  # noqa: E402
 from tasks.engines import EngineIncompatibleError, get_backend  # noqa: E402
 from tasks.engines import cpu_onnx  # noqa: E402
+from tasks.engines.checkpoint import WeightScheme, write_gptq_int4  # noqa: E402
 
 TEACHER_ENV = "EDGEFLOW_TEST_TEACHER"
 KEEP_LAYERS = (0, 15, 29)  # a layer-dropped student, like the pipeline's (same widths, 3 layers)
@@ -149,14 +150,29 @@ def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
 # ---------------------------------------------------------------------------------------------
 
 
+def _unpack_int4_rows(packed: torch.Tensor, rows: int) -> torch.Tensor:
+    """int32 words packing 8 nibbles along dim 1 (nibble i of a word at bits 4i) -> uint8 [n, rows]."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+    out = (packed.unsqueeze(-1) >> shifts) & 0xF  # arithmetic shift is fine: we mask 4 bits
+    return out.reshape(packed.shape[0], -1)[:, :rows].to(torch.uint8)
+
+
+def dequantize_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Reference dequantization of a GPTQ-format layer (AutoGPTQ v1: zeros stored minus one) -> float32 [out, in]."""
+    q = _unpack_int4_rows(qweight.T.contiguous(), qweight.shape[0] * 8).to(torch.float32)  # [out, in]
+    z = ((_unpack_int4_rows(qzeros, qzeros.shape[1] * 8).to(torch.int16) + 1) & 0xF).to(torch.float32)  # [groups, out]
+    s = scales.to(torch.float32)  # [groups, out]
+    return (q - z.T.repeat_interleave(group_size, dim=1)) * s.T.repeat_interleave(group_size, dim=1)
+
+
 @pytest.mark.parametrize("variant", ["asym", "sym"])
 def test_repack_is_bit_exact(variant: str, checkpoints, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
     ckpt = checkpoints[variant]
     scheme = cpu_onnx.detect_scheme(ckpt)
-    assert scheme == cpu_onnx.QuantScheme(4, 64, variant == "sym", "pack-quantized")
-    cpu_onnx.repack_compressed_tensors(ckpt, tmp_path, scheme)
+    assert scheme == WeightScheme(bits=4, strategy="group", group_size=64, symmetric=variant == "sym", format="pack-quantized")
+    write_gptq_int4(ckpt, tmp_path, scheme)
     gptq = load_file(str(tmp_path / "model.safetensors"))
     cfg = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
     assert cfg == {"quant_method": "gptq", "bits": 4, "group_size": 64, "sym": variant == "sym",
@@ -168,7 +184,7 @@ def test_repack_is_bit_exact(variant: str, checkpoints, tmp_path: Path) -> None:
     for p in prefixes:
         n_in = gptq[f"{p}.qweight"].shape[0] * 8
         assert torch.equal(gptq[f"{p}.g_idx"], torch.arange(n_in, dtype=torch.int32) // 64)
-        w = cpu_onnx.dequantize_gptq(gptq[f"{p}.qweight"], gptq[f"{p}.qzeros"], gptq[f"{p}.scales"], 64)
+        w = dequantize_gptq(gptq[f"{p}.qweight"], gptq[f"{p}.qzeros"], gptq[f"{p}.scales"], 64)
         ref = reference[f"{p}.weight"].to(torch.float32)
         assert w.shape == ref.shape, p
         assert torch.equal(w, ref), f"{p}: max |diff| {(w - ref).abs().max().item():.3g}"

@@ -21,7 +21,9 @@ import pytest
 
 from tasks.artifacts import sha256_tree
 from tasks.engines import API, EngineIncompatibleError, get_backend
+from tasks.engines import engine_dir as edir
 from tasks.engines import tensorrt_llm as trt
+from tasks.engines.checkpoint import load_tensors, unpack_int32_le
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -293,7 +295,8 @@ CPU = {"cuda_available": False, "sm": None, "device_name": None, "driver_version
 
 
 def _meta(device: dict) -> dict:
-    return {"backend": "tensorrt_llm", "sm": device["sm"], "tensorrt_llm": device["tensorrt_llm"], "tensorrt": device["tensorrt"]}
+    return {"backend": "tensorrt_llm", "sm": device["sm"], "tensorrt_llm": device["tensorrt_llm"], "tensorrt": device["tensorrt"],
+            "precision": "int4", "checkpoint_sha256": "0" * 64, "files": ["config.json"]}
 
 
 def test_compare_sm80_engine_on_sm87_device():
@@ -327,7 +330,7 @@ def test_compare_accepts_same_device_and_build_suffixes():
 def test_check_compatible_files(tmp_path):
     with pytest.raises(EngineIncompatibleError, match=r"no engine\.json; not an edgeflow engine directory"):
         trt.check_compatible(tmp_path)
-    trt.write_engine_json(tmp_path, {**_meta(ORIN), "engine_files": ["config.json", "rank0.engine", "score/rank0.engine"]})
+    edir.write_meta(tmp_path, {**_meta(ORIN), "files": ["config.json", "rank0.engine", "score/rank0.engine"]})
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(EngineIncompatibleError, match=r"engine files missing: \['rank0\.engine', 'score/rank0\.engine'\]"):
         trt.check_compatible(tmp_path)
@@ -335,22 +338,22 @@ def test_check_compatible_files(tmp_path):
 
 def test_build_identity_names_the_gpu_and_runtime(monkeypatch):
     """Part of the build stage's cache key: an Orin and an A100 (or a TensorRT-LLM upgrade) never share a cached engine."""
-    monkeypatch.setattr(trt, "device_fingerprint", lambda: dict(ORIN))
+    monkeypatch.setattr(trt.device, "device_fingerprint", lambda: dict(ORIN))
     orin = trt.build_identity()
     assert "sm87" in orin and "0.12.0" in orin
-    monkeypatch.setattr(trt, "device_fingerprint", lambda: dict(A100))
+    monkeypatch.setattr(trt.device, "device_fingerprint", lambda: dict(A100))
     assert "sm80" in trt.build_identity() and trt.build_identity() != orin
-    monkeypatch.setattr(trt, "device_fingerprint", lambda: {**ORIN, "tensorrt_llm": "0.12.1"})
+    monkeypatch.setattr(trt.device, "device_fingerprint", lambda: {**ORIN, "tensorrt_llm": "0.12.1"})
     assert trt.build_identity() != orin
 
 
 def test_check_compatible_uses_device_fingerprint(tmp_path, monkeypatch):
-    trt.write_engine_json(tmp_path, {**_meta(A100), "engine_files": ["config.json"]})
+    edir.write_meta(tmp_path, {**_meta(A100), "files": ["config.json"]})
     (tmp_path / "config.json").write_text("{}")
-    monkeypatch.setattr(trt, "device_fingerprint", lambda: dict(ORIN))
+    monkeypatch.setattr(trt.device, "device_fingerprint", lambda: dict(ORIN))
     with pytest.raises(EngineIncompatibleError, match="engine built for sm80 with TensorRT-LLM 1.2.1; this device is sm87 with 0.12.0"):
         trt.check_compatible(tmp_path)
-    monkeypatch.setattr(trt, "device_fingerprint", lambda: dict(A100))
+    monkeypatch.setattr(trt.device, "device_fingerprint", lambda: dict(A100))
     trt.check_compatible(tmp_path)
 
 
@@ -363,9 +366,10 @@ def test_engine_json_round_trip(ckpts, tmp_path):
     sha = sha256_tree(ckpts["awq"])
     meta = trt.engine_meta(plan, ORIN, ckpts["awq"], sha, engine_config, {"kind": "gptq_int4"},
                            ["config.json", "rank0.engine"], ["tokenizer_config.json"], 2, 2)
-    trt.write_engine_json(out, meta)
-    back = trt.read_engine_json(out)
-    assert back == json.loads(json.dumps(meta))
+    edir.write_meta(out, meta)
+    back = edir.read_meta(out)
+    assert back == meta and back.precision == "int4" and back.files == ["config.json", "rank0.engine"]
+    back = back.model_dump(mode="json")
     trt.compare(back, dict(ORIN))
     assert (back["sm"], back["tensorrt_llm"], back["tensorrt"], back["cuda"], back["device_name"]) == ("sm87", "0.12.0", "10.3.0.30", "12.6.68", "Orin")
     assert (back["l4t_release"], back["jetpack"]) == ("36.4.0", "6.1")
@@ -398,7 +402,7 @@ def test_parse_nv_tegra_release():
     text = "# R36 (release), REVISION: 4.0, GCID: 37537400, BOARD: generic, EABI: aarch64, DATE: Fri Sep 13 04:36:44 UTC 2024\n"
     assert trt.parse_nv_tegra_release(text) == "36.4.0"
     assert trt.parse_nv_tegra_release("garbage") is None
-    assert trt._JETPACK_BY_L4T["36.4.0"] == "6.1"
+    assert trt.device._JETPACK_BY_L4T["36.4.0"] == "6.1"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,8 +411,8 @@ def test_parse_nv_tegra_release():
 
 
 def test_build_refuses_on_this_cpu_machine_before_running(ckpts, tmp_path, monkeypatch):
-    monkeypatch.setattr(trt, "device_fingerprint", lambda: dict(CPU))
-    monkeypatch.setattr(trt.subprocess, "run", lambda *a, **k: pytest.fail(f"ran {a}"))
+    monkeypatch.setattr(trt.device, "device_fingerprint", lambda: dict(CPU))
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail(f"ran {a}"))
     out = tmp_path / "eng"
     with pytest.raises(RuntimeError, match=r"build profile 'orin-agx' needs TensorRT-LLM 0\.12\.0 .*not importable"):
         trt.build(ckpts["awq"], out, {"build_profile": "orin-agx"})
@@ -544,8 +548,8 @@ def _trt_dequant(staged: dict, prefix: str, bits: int, gs: int) -> np.ndarray:
     """Dequantize as TensorRT-LLM's GPTQ loader does (postprocess_weight_only_groupwise / load_weights_from_gptq)."""
     qw, qz, sc = staged[f"{prefix}.qweight"], staged[f"{prefix}.qzeros"], staged[f"{prefix}.scales"].astype(np.float32)
     if bits == 4:
-        q = trt._unpack_int32_le(np.ascontiguousarray(qw.T), 4).T.astype(np.int64) - 8  # unpack(qweight.T).T - 8
-        z = trt._unpack_int32_le(qz, 4).astype(np.int64)
+        q = unpack_int32_le(np.ascontiguousarray(qw.T), 4).T.astype(np.int64) - 8  # unpack(qweight.T).T - 8
+        z = unpack_int32_le(qz, 4).astype(np.int64)
         zeros = (-z + 8 - 1) * sc
     else:
         q = np.ascontiguousarray(qw.T).view(np.uint8).T.astype(np.int64) - 128  # qweight.T.view(uint8).T - 128
@@ -565,7 +569,7 @@ def test_staging_is_exact_for_tensorrt_llm_gptq_loader(tmp_path, weights, profil
     quant = plan["quantization"]
     staging = tmp_path / "staging"
     stats = trt.stage_checkpoint(ckpt, staging, quant, "float16")
-    staged = trt._load_tensors_np(staging)
+    staged = load_tensors(staging)
     for prefix, (q, zp, scale) in truth.items():
         reps = q.shape[1] // scale.shape[1]
         scale16 = scale.astype(np.float16).astype(np.float32)  # the engine dtype's scales
@@ -583,7 +587,7 @@ def test_staging_dequantized_int8_for_requantizing_converter(tmp_path):
     ckpt, truth = _weights_ckpt(tmp_path, "w8", W8_CHANNEL)
     plan = trt.plan_build(ckpt, {"build_profile": "orin-agx"}, tmp_path / "eng")
     trt.stage_checkpoint(ckpt, tmp_path / "staging", plan["quantization"], "float16")
-    staged = trt._load_tensors_np(tmp_path / "staging")
+    staged = load_tensors(tmp_path / "staging")
     for prefix, (q, _, scale) in truth.items():
         np.testing.assert_array_equal(staged[f"{prefix}.weight"], (q * scale).astype(np.float32))
         assert f"{prefix}.weight_packed" not in staged

@@ -1,0 +1,359 @@
+"""The one reader of llm-compressor (compressed-tensors) checkpoints, for every engine backend.
+
+    python -c "from tasks.engines.checkpoint import weight_schemes, read_config; print(weight_schemes(read_config('ckpt')))"
+
+What a checkpoint stores, and only that, is read here:
+
+* `read_config` / `weight_schemes`: `config.json`'s `quantization_config` as one typed `WeightScheme` per
+  config group, after the checks no engine can honour (another quant_method, quantized KV cache,
+  sparsity, transforms, activation quantization, dynamic weights) have raised ValueError naming the field.
+* `load_tensors`: every `*.safetensors` tensor as numpy (bfloat16 widened exactly to float32).
+* `quantized_layers` / `layer`: per decoder linear, the stored integers as numpy: q (unsigned, as packed:
+  signed value + 2**(bits-1)), zero (unsigned, per group; 2**(bits-1) when symmetric) and the fp32
+  scale, so that w = (q - zero) * scale exactly. Shapes, group index and layout are checked here.
+* `pack_int32_le` / `unpack_int32_le`: the nibble/byte packing compressed-tensors and GPTQ share.
+* `load_dequantized`: the checkpoint as a plain float32 transformers model whose weights are exactly
+  the dequantized values (the fake-quantized reference the gate and the dequantizing builds use).
+
+What each backend can hold exactly (int4 MatMulNBits blocks, the native kernel's group of 64,
+TensorRT-LLM's group sizes) is that backend's own rule, in its own module.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:  # torch only for load_dequantized
+    import torch
+
+# Decoder linear layers of a Llama checkpoint: the ones llm-compressor's recipes quantize.
+LINEAR_RE = re.compile(r"^model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)$")
+# Tensor leaves compressed-tensors writes for one quantized Linear.
+QUANT_LEAVES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
+
+
+class InexactWeights(ValueError):
+    """The checkpoint's weights are quantized in a way this engine's kernels cannot hold exactly.
+
+    Backends that can fall back to the exactly dequantized weights (`inexact_weights: dequantize`)
+    catch this one; every other ValueError refuses the checkpoint.
+    """
+
+
+class WeightScheme(BaseModel):
+    """One config group's weight quantization, as compressed-tensors records it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bits: int = Field(description="weights.num_bits: 4 (W4A16) or 8 (W8A16) for the shipped recipes.")
+    type: str = Field(default="int", description="weights.type: 'int' or 'float'.")
+    strategy: str | None = Field(description="weights.strategy: 'group', 'channel' or 'tensor'.")
+    group_size: int | None = Field(description="weights.group_size (columns per scale) for strategy 'group', else None.")
+    symmetric: bool = Field(description="weights.symmetric: no zero point stored when true.")
+    actorder: str | None = Field(default=None, description="weights.actorder: None/'static'/'weight' keep contiguous groups; 'group' permutes them.")
+    format: str | None = Field(description="The group's (or the checkpoint's) compression format, e.g. 'pack-quantized'.")
+
+    def summary(self) -> dict[str, Any]:
+        """What the CPU engines record in engine.json under "quantization"."""
+        return {"bits": self.bits, "group_size": self.group_size, "symmetric": self.symmetric, "format": self.format}
+
+
+@dataclass(frozen=True)
+class QuantizedLayer:
+    """One quantized Linear [out, in]: w = (q - zero[:, g]) * scale[:, g] for column c in group g = c // group_size."""
+
+    q: np.ndarray  # uint8 [out, in], unsigned as stored (signed + 2**(bits-1))
+    zero: np.ndarray  # uint8 [out, groups], unsigned (2**(bits-1) when symmetric)
+    scale: np.ndarray  # float32 [out, groups]
+
+    @property
+    def group_size(self) -> int:
+        return self.q.shape[1] // self.scale.shape[1]
+
+
+def read_config(checkpoint_dir: Path) -> dict[str, Any]:
+    """config.json of a Hugging Face checkpoint directory (ValueError if there is none)."""
+    path = Path(checkpoint_dir) / "config.json"
+    if not path.exists():
+        raise ValueError(f"{checkpoint_dir}: no config.json; not a Hugging Face checkpoint directory")
+    return json.loads(path.read_text())
+
+
+def weight_schemes(config: dict[str, Any], where: str = "config.json", engine: str = "this") -> dict[str, WeightScheme] | None:
+    """None for a dense checkpoint; {config group: WeightScheme} of a compressed-tensors one.
+
+    Raises ValueError (naming `where`'s field) for what no engine builds: another quant_method, a
+    quantized KV cache, sparsity, transforms, activation quantization or dynamic weights. `engine`
+    names the backend in the messages.
+    """
+    qc = config.get("quantization_config")
+    if not qc:
+        return None
+    where = f"{where} quantization_config"
+    method = qc.get("quant_method")
+    if method != "compressed-tensors":
+        raise ValueError(
+            f"{where}.quant_method={method!r}: the {engine} engine builds llm-compressor 'compressed-tensors' "
+            "checkpoints or dense ones; refusing to guess at another format"
+        )
+    if qc.get("kv_cache_scheme"):
+        raise ValueError(f"{where}.kv_cache_scheme={qc['kv_cache_scheme']!r}: quantized KV cache is not supported")
+    if qc.get("sparsity_config"):
+        raise ValueError(f"{where}.sparsity_config is set: sparse compressed checkpoints are not supported")
+    if qc.get("transform_config"):
+        raise ValueError(f"{where}.transform_config is set: rotated (transformed) checkpoints are not supported")
+    groups = qc.get("config_groups") or {}
+    if not groups:
+        raise ValueError(f"{where}.config_groups is empty: cannot tell what the weights are")
+    schemes = {}
+    for name, group in groups.items():
+        g = f"{where}.config_groups.{name}"
+        if group.get("input_activations") or group.get("output_activations"):
+            raise ValueError(f"{g}: activation quantization is set; the {engine} engine builds weight-only schemes (W4A16, W8A16)")
+        w = group.get("weights") or {}
+        if w.get("dynamic"):
+            raise ValueError(f"{g}.weights.dynamic=true: dynamic weight quantization is not supported")
+        strategy = w.get("strategy")
+        schemes[name] = WeightScheme(
+            bits=int(w.get("num_bits") or 0), type=str(w.get("type", "int")), strategy=strategy,
+            group_size=w.get("group_size") if strategy == "group" else None, symmetric=bool(w.get("symmetric", True)),
+            actorder=w.get("actorder"), format=group.get("format") or qc.get("format"),
+        )
+    return schemes
+
+
+def load_tensors(checkpoint_dir: Path) -> dict[str, np.ndarray]:
+    """All *.safetensors tensors as numpy (bfloat16 widened exactly to float32)."""
+    from safetensors import safe_open
+
+    files = sorted(Path(checkpoint_dir).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{checkpoint_dir}: no *.safetensors weights")
+    tensors: dict[str, np.ndarray] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="np") as fh:
+                for k in fh.keys():
+                    tensors[k] = fh.get_tensor(k)
+        except Exception:  # bfloat16 has no numpy dtype: read through torch (real I/O errors re-raise there)
+            from safetensors.torch import load_file
+
+            for k, t in load_file(str(f)).items():
+                tensors[k] = (t.float() if t.is_floating_point() else t).numpy()
+    return tensors
+
+
+def unpack_int32_le(words: np.ndarray, bits: int) -> np.ndarray:
+    """int32 words packing 32/bits unsigned values along the last dim, value k at bits k*bits (little-endian) -> uint8."""
+    per = 32 // bits
+    shifts = np.arange(0, 32, bits, dtype=np.uint32)
+    vals = (np.ascontiguousarray(words, dtype=np.int32).view(np.uint32)[..., None] >> shifts) & np.uint32((1 << bits) - 1)
+    return vals.reshape(*words.shape[:-1], words.shape[-1] * per).astype(np.uint8)
+
+
+def pack_int32_le(values: np.ndarray, bits: int) -> np.ndarray:
+    """Inverse of unpack_int32_le along the last dim (length a multiple of 32/bits) -> int32."""
+    per = 32 // bits
+    v = values.astype(np.uint32).reshape(*values.shape[:-1], values.shape[-1] // per, per)
+    words = (v << np.arange(0, 32, bits, dtype=np.uint32)).sum(-1, dtype=np.uint64).astype(np.uint32)
+    return words.view(np.int32)
+
+
+def split_tensors(tensors: dict[str, np.ndarray], where: Path) -> tuple[dict[str, np.ndarray], list[str]]:
+    """(dense tensors, prefixes of the quantized linears); ValueError for a layout no engine builds.
+
+    Every quantized tensor must belong to a Llama decoder linear, and no decoder linear may be stored
+    dense while others are quantized (one precision covers every linear layer).
+    """
+    dense = {k: v for k, v in tensors.items() if k.rpartition(".")[2] not in QUANT_LEAVES}
+    prefixes = sorted({k[: -len(".weight_packed")] for k in tensors if k.endswith(".weight_packed")})
+    if not prefixes:
+        raise ValueError(f"{where}: quantization_config present but no *.weight_packed tensors found")
+    for p in prefixes:
+        if not LINEAR_RE.match(p):
+            raise ValueError(f"{where}: quantized tensor {p} is not a Llama decoder linear layer")
+    for k in dense:
+        prefix, _, leaf = k.rpartition(".")
+        if leaf == "weight" and LINEAR_RE.match(prefix):
+            raise ValueError(
+                f"{where}: decoder linear {prefix} is stored dense while the others are quantized; one precision "
+                "covers every linear layer"
+            )
+    return dense, prefixes
+
+
+def layer(tensors: dict[str, np.ndarray], prefix: str, scheme: WeightScheme) -> QuantizedLayer:
+    """The stored integers, zero points and scales of one quantized Linear, checked against its shape.
+
+    compressed-tensors pack-quantized, per Linear [out, in]:
+      weight_packed     int32 [out, in*bits/32]  value k of word j = q[o, (32/bits)j+k] + 2**(bits-1)
+      weight_scale      float [out, groups]
+      weight_zero_point int32 [out*bits/32, groups] (asymmetric only), packed along the *output* dim
+    InexactWeights for a permuted weight_g_idx (act-order groups); ValueError for inconsistent shapes.
+    """
+    bits = scheme.bits
+    packed = tensors.get(f"{prefix}.weight_packed")
+    if packed is None:
+        raise ValueError(f"{prefix}: no weight_packed tensor (a mixed dense/quantized decoder is not supported)")
+    shape = tensors.get(f"{prefix}.weight_shape")
+    n_out, n_in = (int(shape[0]), int(shape[1])) if shape is not None else (packed.shape[0], packed.shape[1] * 32 // bits)
+    scale = np.asarray(tensors[f"{prefix}.weight_scale"], dtype=np.float32).reshape(n_out, -1)
+    gs = scheme.group_size or n_in
+    if packed.shape != (n_out, n_in * bits // 32) or n_in % gs or scale.shape[1] != n_in // gs:
+        raise ValueError(f"{prefix}: packed {tuple(packed.shape)} / scale {tuple(scale.shape)} do not match weight "
+                         f"[{n_out}, {n_in}] in groups of {gs}")
+    g_idx = tensors.get(f"{prefix}.weight_g_idx")
+    if g_idx is not None and not np.array_equal(np.asarray(g_idx).astype(np.int64), np.arange(n_in) // gs):
+        raise InexactWeights(f"{prefix}: act-order weight_g_idx (non-contiguous groups) is not representable")
+    q = unpack_int32_le(packed, bits)[:, :n_in]
+    if scheme.symmetric:
+        zero = np.full(scale.shape, 1 << (bits - 1), dtype=np.uint8)
+    else:
+        zp = tensors[f"{prefix}.weight_zero_point"]
+        zero = np.ascontiguousarray(unpack_int32_le(np.ascontiguousarray(zp.T), bits)[:, :n_out].T)
+    return QuantizedLayer(q=q, zero=zero, scale=scale)
+
+
+def quantized_layers(tensors: dict[str, np.ndarray], scheme: WeightScheme, where: Path) -> Iterator[tuple[str, QuantizedLayer]]:
+    """(prefix, QuantizedLayer) of every quantized decoder linear, in name order."""
+    _, prefixes = split_tensors(tensors, where)
+    for prefix in prefixes:
+        yield prefix, layer(tensors, prefix, scheme)
+
+
+def load_dequantized(model_dir: Path) -> torch.nn.Module:
+    """A compressed-tensors checkpoint as a plain float32 model whose weights are exactly the dequantized values.
+
+    Reloaded as-is, a compressed checkpoint unpacks its integer weights on every forward pass. Loaded
+    with run_compressed=False the weights are decompressed once; they are then moved into a plain model:
+    the same numbers, without per-call quantization wrappers. A dense checkpoint loads unchanged.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils.quantization_config import CompressedTensorsConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
+    if getattr(config, "quantization_config", None) is None:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    q = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, quantization_config=CompressedTensorsConfig(run_compressed=False)
+    )
+    del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    missing, _ = model.load_state_dict(q.state_dict(), strict=False)
+    if missing:
+        raise RuntimeError(f"{model_dir}: decompressed checkpoint lacks {missing[:3]}")
+    model.tie_weights()
+    return model
+
+
+
+def int4_group_scheme(schemes: dict[str, WeightScheme], where: str, group_sizes: tuple[int, ...], kernel: str) -> WeightScheme:
+    """The one int4, group-wise, contiguous-group scheme of a checkpoint whose groups sizes `kernel` runs.
+
+    InexactWeights (naming the config group and field) for anything else: another format or bit width,
+    per-channel scales, a group size outside `group_sizes`, act-order, or several schemes at once.
+    """
+    found = set()
+    for name, s in schemes.items():
+        g = f"{where} quantization_config.config_groups.{name}"
+        if s.format != "pack-quantized":
+            raise InexactWeights(f"{g}.format={s.format!r}: only 'pack-quantized' int4 weights repack into {kernel}")
+        if s.bits != 4 or s.type != "int":
+            raise InexactWeights(f"{g}.weights: num_bits={s.bits} type={s.type!r}; {kernel} holds 4-bit int weights only")
+        if s.strategy != "group":
+            raise InexactWeights(f"{g}.weights.strategy={s.strategy!r}: only 'group' is supported (per-channel/tensor "
+                                 f"scales are not {kernel} blocks)")
+        if s.group_size not in group_sizes:
+            raise InexactWeights(f"{g}.weights.group_size={s.group_size}: {kernel} group sizes are {group_sizes}; "
+                                 "this group size is not representable")
+        if s.actorder not in (None, "static", "weight"):
+            raise InexactWeights(f"{g}.weights.actorder={s.actorder!r}: act-order with a permuted g_idx is not "
+                                 f"representable by {kernel} contiguous blocks (use actorder weight or none)")
+        found.add(s)
+    if len(found) != 1:
+        raise InexactWeights(f"{where} quantization_config: config groups use different schemes "
+                             f"{sorted(str(s.summary()) for s in found)}; expected one")
+    return found.pop()
+
+
+def gptq_layer(q: QuantizedLayer, bits: int) -> dict[str, np.ndarray]:
+    """One layer in AutoGPTQ's layout (what onnxruntime-genai's and TensorRT-LLM's GPTQ loaders read).
+
+      qweight int32 [in*bits/32, out]  packed along the input dim: weight_packed transposed
+      qzeros  int32 [groups, out*bits/32] packed along the output dim, storing zero - 1 (the loaders add 1 back;
+                                          a zero point of 0 wraps to 2**bits - 1: callers that cannot take it check first)
+      scales  float32 [groups, out]
+      g_idx   int32 [in] = column // group_size (contiguous groups only: `layer` refuses act-order)
+    """
+    mask = (1 << bits) - 1
+    n_in = q.q.shape[1]
+    return {
+        "qweight": np.ascontiguousarray(pack_int32_le(q.q, bits).T),
+        "qzeros": pack_int32_le(np.ascontiguousarray(((q.zero.astype(np.int16) - 1) & mask).astype(np.uint8).T), bits),
+        "scales": np.ascontiguousarray(q.scale.T, dtype=np.float32),
+        "g_idx": (np.arange(n_in) // q.group_size).astype(np.int32),
+    }
+
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+)
+
+
+def copy_tokenizer_files(src: Path, dst: Path) -> list[str]:
+    """Copy the tokenizer/chat files a checkpoint has next to its weights; returns the names copied."""
+    import shutil
+
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (Path(src) / name).exists():
+            shutil.copy2(Path(src) / name, Path(dst) / name)
+            copied.append(name)
+    return copied
+
+
+def write_gptq_int4(checkpoint_dir: Path, out_dir: Path, scheme: WeightScheme) -> dict[str, int]:
+    """Rewrite an int4 pack-quantized checkpoint in AutoGPTQ's layout, bit-exactly (nothing re-quantized).
+
+    Dense tensors are kept; every decoder linear becomes qweight/qzeros/scales/g_idx (`gptq_layer`), and
+    config.json's quantization_config says gptq (bits 4, the scheme's group size, desc_act false). Scales
+    must be finite and positive: the loaders divide by them when they re-derive the integers. Returns
+    counts of what was written.
+    """
+    from safetensors.numpy import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = load_tensors(checkpoint_dir)
+    dense, prefixes = split_tensors(tensors, Path(checkpoint_dir))
+    out: dict[str, np.ndarray] = dict(dense)
+    for prefix in prefixes:
+        q = layer(tensors, prefix, scheme)
+        n_out, n_in = q.q.shape
+        if n_in % 8 or n_out % 8:
+            raise ValueError(f"{prefix}: weight [{n_out}, {n_in}] is not a whole number of 8-nibble words")
+        if not (np.isfinite(q.scale).all() and (q.scale > 0).all()):
+            raise ValueError(f"{prefix}: weight_scale has zero, negative or non-finite entries")
+        out.update({f"{prefix}.{k}": v for k, v in gptq_layer(q, 4).items()})
+    save_file({k: np.ascontiguousarray(v) for k, v in out.items()}, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = read_config(checkpoint_dir)
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": scheme.group_size,
+                                     "sym": scheme.symmetric, "desc_act": False, "checkpoint_format": "gptq"}
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    copy_tokenizer_files(checkpoint_dir, out_dir)
+    return {"linear_layers": len(prefixes), "tensors": len(out)}

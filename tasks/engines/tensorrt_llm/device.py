@@ -1,0 +1,231 @@
+"""What GPU and TensorRT stack this machine has, and whether an engine built elsewhere runs on it.
+
+    python -c "from tasks.engines.tensorrt_llm.device import device_fingerprint; print(device_fingerprint())"
+
+A TensorRT engine holds kernels for the GPU architecture (sm80 A100, sm87 Orin) and the TensorRT /
+TensorRT-LLM versions that built it: `compare` refuses any other device naming both sides, the build
+stage's cache key (`build_identity`, `cache_key`) keeps engines of different devices apart, and
+`check_build_environment` refuses to build anywhere but on the profile's target.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from tasks.artifacts import sha256_json
+from tasks.engines import EngineIncompatibleError, engine_dir as edir
+from tasks.engines.tensorrt_llm.plan import BACKEND, TRTLLM_SRC_ENV
+
+# L4T release (/etc/nv_tegra_release) -> JetPack. TensorRT on Jetson comes with JetPack.
+_JETPACK_BY_L4T = {"36.3.0": "6.0", "36.4.0": "6.1", "36.4.3": "6.2"}
+
+
+def _dist_version(*names: str) -> str | None:
+    for name in names:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return importlib.metadata.version(name)
+    return None
+
+
+def parse_nv_tegra_release(text: str) -> str | None:
+    """'# R36 (release), REVISION: 4.0, ...' -> '36.4.0' (the L4T release of a Jetson)."""
+    m = re.search(r"R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)", text)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def _nvidia_smi() -> dict[str, str] | None:
+    """compute_cap, name, driver_version of the first visible GPU, or None (no nvidia-smi / N/A fields)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    # nvidia-smi ignores CUDA_VISIBLE_DEVICES; -i takes the same index or UUID
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    cmd = [exe, "--query-gpu=compute_cap,name,driver_version", "--format=csv,noheader"] + (["-i", visible] if visible else [])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    if not lines:
+        return None
+    parts = [p.strip() for p in lines[0].split(",")]
+    if len(parts) < 3 or not re.fullmatch(r"\d+\.\d+", parts[0]):
+        return None  # Jetson's nvidia-smi answers [N/A] for some fields
+    return {"compute_cap": parts[0], "name": parts[1], "driver_version": parts[2]}
+
+
+def _cuda_toolkit_version() -> str | None:
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        return json.loads(Path("/usr/local/cuda/version.json").read_text())["cuda"]["version"]
+    return None
+
+
+def device_fingerprint() -> dict[str, Any]:
+    """SM, GPU name, driver, CUDA/TensorRT/TensorRT-LLM versions and Jetson L4T/JetPack of this machine."""
+    fp: dict[str, Any] = {
+        "cuda_available": False, "sm": None, "device_name": None, "driver_version": None,
+        "cuda_version": _cuda_toolkit_version(),
+        "tensorrt": _dist_version("tensorrt", "tensorrt-cu12", "tensorrt_cu12"),
+        "tensorrt_llm": _dist_version("tensorrt_llm", "tensorrt-llm"),
+        "l4t_release": None, "jetpack": None, "reason": None,
+    }
+    with contextlib.suppress(OSError):
+        fp["l4t_release"] = parse_nv_tegra_release(Path("/etc/nv_tegra_release").read_text())
+        fp["jetpack"] = _JETPACK_BY_L4T.get(fp["l4t_release"] or "")
+    if fp["tensorrt"] is None and importlib.util.find_spec("tensorrt") is not None:
+        # JetPack installs TensorRT's Python bindings from apt, without pip metadata
+        with contextlib.suppress(Exception):
+            import tensorrt
+
+            fp["tensorrt"] = tensorrt.__version__
+    smi = _nvidia_smi()
+    if smi is not None:
+        fp.update(cuda_available=True, sm="sm" + smi["compute_cap"].replace(".", ""), device_name=smi["name"],
+                  driver_version=smi["driver_version"])
+        return fp
+    if importlib.util.find_spec("torch") is None:
+        fp["reason"] = "no nvidia-smi answer and no torch to query CUDA"
+        return fp
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            fp["reason"] = "torch.cuda.is_available() is False"
+            return fp
+        major, minor = torch.cuda.get_device_capability(0)
+        fp.update(cuda_available=True, sm=f"sm{major}{minor}", device_name=torch.cuda.get_device_name(0),
+                  cuda_version=fp["cuda_version"] or torch.version.cuda)
+    except Exception as e:  # a broken CUDA install must read as "no CUDA", never crash the caller
+        fp["reason"] = f"CUDA query failed: {type(e).__name__}: {e}"
+    return fp
+
+
+def _mmp(version: str | None) -> tuple[int, ...] | None:
+    m = re.match(r"^(\d+)\.(\d+)\.(\d+)", str(version or ""))
+    return tuple(int(x) for x in m.groups()) if m else None
+
+
+def compare(engine_meta: dict[str, Any], device: dict[str, Any]) -> None:
+    """Raise EngineIncompatibleError naming both sides if `device` cannot run the engine described by engine_meta."""
+    backend = engine_meta.get("backend")
+    if backend != BACKEND:
+        raise EngineIncompatibleError(
+            f"engine backend is {backend!r}; this backend runs {BACKEND!r} engines (load it with the {backend!r} backend)"
+        )
+    e_sm, e_llm, e_trt = engine_meta.get("sm"), engine_meta.get("tensorrt_llm"), engine_meta.get("tensorrt")
+    built = f"engine built for {e_sm} with TensorRT-LLM {e_llm}"
+    fix = f"Fix: rebuild the engine on this device (build() with a build profile whose target is {device.get('sm')})"
+    if not device.get("cuda_available") or not device.get("sm"):
+        raise EngineIncompatibleError(
+            f"{built}; this device has no CUDA GPU ({device.get('reason') or 'none found'}). "
+            f"Fix: run it on an {e_sm} device with TensorRT-LLM {e_llm}, or serve the cpu backend here"
+        )
+    d_sm, d_llm, d_trt = device["sm"], device.get("tensorrt_llm"), device.get("tensorrt")
+    if d_sm != e_sm:
+        raise EngineIncompatibleError(
+            f"{built}; this device is {d_sm} with {d_llm or 'no TensorRT-LLM'}: a TensorRT engine holds kernels for "
+            f"the GPU architecture that built it. {fix}"
+        )
+    if d_llm is None:
+        raise EngineIncompatibleError(
+            f"{built}; this device is {d_sm} with no TensorRT-LLM installed (tensorrt_llm not importable). "
+            f"Fix: install TensorRT-LLM {e_llm} here"
+        )
+    if _mmp(d_llm) != _mmp(e_llm) or _mmp(e_llm) is None:
+        raise EngineIncompatibleError(
+            f"{built}; this device is {d_sm} with {d_llm}: TensorRT-LLM versions must match exactly (major.minor.patch), "
+            f"engine plans and plugins are not portable across versions. {fix}, or install TensorRT-LLM {e_llm}"
+        )
+    if d_trt is None:
+        raise EngineIncompatibleError(
+            f"{built} and TensorRT {e_trt}; this device ({d_sm}) has no TensorRT Python bindings. Fix: install TensorRT {e_trt}"
+        )
+    if _mmp(d_trt) != _mmp(e_trt) or _mmp(e_trt) is None:
+        raise EngineIncompatibleError(
+            f"{built} and TensorRT {e_trt}; this device ({d_sm}) has TensorRT {d_trt}: a serialized TensorRT plan "
+            f"only deserializes with the TensorRT version that built it. {fix}"
+        )
+
+
+# Fingerprint fields an engine depends on: architecture, the exact software that compiled it, and
+# the Jetson OS image. The driver is left out (engines do not depend on it), so a driver update
+# alone does not trigger a rebuild.
+DEVICE_KEY_FIELDS = ("sm", "device_name", "cuda_version", "tensorrt", "tensorrt_llm", "l4t_release", "jetpack")
+
+
+def cache_key(checkpoint_sha256: str, build_profile: dict, device: dict) -> str:
+    """Device engine cache key: same checkpoint + build profile + device fingerprint -> same key (reuse)."""
+    return sha256_json({
+        "backend": BACKEND,
+        "checkpoint_sha256": checkpoint_sha256,
+        "build_profile": build_profile,
+        "device": {k: device.get(k) for k in DEVICE_KEY_FIELDS},
+    })
+
+
+def build_identity() -> str:
+    """What decides whether an engine built earlier still loads here: the GPU architecture and the
+    TensorRT / TensorRT-LLM / L4T versions (a TensorRT engine runs only where it was built)."""
+    return build_identity_of(device_fingerprint())
+
+
+def build_identity_of(fp: dict[str, Any]) -> str:
+    """build_identity() of the machine `fp` (a device_fingerprint()) describes."""
+    return (f"{BACKEND} {fp.get('sm')}, TensorRT {fp.get('tensorrt')}, TensorRT-LLM {fp.get('tensorrt_llm')}, "
+            f"L4T {fp.get('l4t_release')}")
+
+
+def check_compatible(engine_dir: Path) -> None:
+    """Raise EngineIncompatibleError (naming both sides) if this machine cannot run the engine."""
+    meta = edir.read_meta(engine_dir)
+    if meta.backend == BACKEND:
+        edir.check_meta(engine_dir, BACKEND)  # every engine file present
+    compare(meta.model_dump(mode="json"), device_fingerprint())
+
+
+def check_build_environment(plan: dict[str, Any], device: dict[str, Any]) -> None:
+    """Refuse to build (before running anything) unless this host is the profile's target with its TensorRT-LLM."""
+    bp = plan["build_profile"]
+    target, want = bp["target"], bp["tensorrt_llm_version"]
+    name = plan["build_profile_name"]
+    have = device.get("tensorrt_llm")  # from the installed distribution's metadata (device_fingerprint)
+    if have is None:
+        raise RuntimeError(
+            f"build profile {name!r} needs TensorRT-LLM {want} ({bp['tensorrt_llm_branch']}); tensorrt_llm is not "
+            f"importable here. Fix: build on the {target} target with TensorRT-LLM {want} installed"
+        )
+    if not device.get("cuda_available"):
+        raise EngineIncompatibleError(
+            f"build profile {name!r} targets {target}; this host has no CUDA GPU ({device.get('reason')}). "
+            f"Fix: build on the {target} device itself (engines only run on the architecture that built them)"
+        )
+    if device["sm"] != target:
+        raise EngineIncompatibleError(
+            f"build profile {name!r} targets {target} with TensorRT-LLM {want}; this device is {device['sm']} with {have}: "
+            "an engine built here would only run on this architecture. Fix: build on the target device, or pick the "
+            f"profile for {device['sm']}"
+        )
+    if _mmp(have) is None or _mmp(have)[:2] != _mmp(want)[:2]:
+        raise EngineIncompatibleError(
+            f"build profile {name!r} was written for TensorRT-LLM {want} ({bp['tensorrt_llm_branch']}); this device "
+            f"has {have}: its converter and trtllm-build flags differ. Fix: install {want} or use a profile for {have}"
+        )
+    if bp.get("jetpack") and device.get("jetpack") and device["jetpack"] != bp["jetpack"]:
+        raise EngineIncompatibleError(
+            f"build profile {name!r} needs JetPack {bp['jetpack']}; this device runs JetPack {device['jetpack']} "
+            f"(L4T {device.get('l4t_release')}). Fix: flash JetPack {bp['jetpack']} or use a matching profile"
+        )
+    script = Path(plan["commands"]["convert"][1])
+    if not script.exists():
+        raise RuntimeError(
+            f"{script} not found: convert_checkpoint.py ships in the TensorRT-LLM source tree, not the wheel. Fix: "
+            f"check out {bp['tensorrt_llm_branch']} and set profile tensorrt_llm_src or ${TRTLLM_SRC_ENV}"
+        )
