@@ -113,11 +113,11 @@ class Runtime:
         self.watchdog = Watchdog(settings.watchdog_stall_s)
 
     def _read_engine_json(self, meta_path: Path) -> tuple[dict[str, Any], int]:
-        """engine.json of the engine dir (which backend built it, its versions) and its mtime (the model's
-        `created`); FileNotFoundError when the directory has none."""
-        if not meta_path.exists():
-            raise FileNotFoundError(f"{self.engine_dir}: no engine.json; not an engine directory (build one first)")
-        meta: dict[str, Any] = json.loads(meta_path.read_text())
+        """engine.json of the engine dir (tasks.engines.engine_dir: which backend built it, its versions) and its
+        mtime (the model's `created`); EngineIncompatibleError when the directory has none or it does not parse."""
+        from tasks.engines.engine_dir import read_meta
+
+        meta = read_meta(self.engine_dir).model_dump(mode="json")
         return meta, int(meta_path.stat().st_mtime)
 
     def generate(self, input_ids: list[int], max_new_tokens: int, stop_ids: list[int],
@@ -205,20 +205,21 @@ class Runtime:
             raise EngineFailed(f"health probe failed: {type(e).__name__}: {e}") from None
 
     def device_memory_used(self) -> float:
-        """Bytes the engine holds: a backend hook where the device has its own memory, else process RSS."""
-        hook = getattr(self.backend, "device_memory_used", None)
-        if hook is not None and self.session is not None:
+        """Bytes the engine holds: the backend's device_memory_used where the engine has a device of its own
+        (tasks.engines API; None for the CPU backends), else this process's RSS."""
+        if self.session is not None:
             with contextlib.suppress(Exception):
-                return float(hook(self.session))
+                used = self.backend.device_memory_used(self.session)
+                if used is not None:
+                    return float(used)
         return float(psutil.Process().memory_info().rss)
 
     def device_utilization(self) -> float | None:
-        # Optional backend hook (GPU backends may report utilisation); absent means "not applicable".
-        hook = getattr(self.backend, "device_utilization", None)
-        if hook is None or self.session is None:
+        """The engine device's busy fraction (tasks.engines API); None where not applicable or not loaded."""
+        if self.session is None:
             return None
         with contextlib.suppress(Exception):
-            return hook(self.session)
+            return self.backend.device_utilization(self.session)
         return None
 
 

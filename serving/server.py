@@ -15,8 +15,8 @@ serving.feedback, serving.page (the chat page), serving.state (what the handlers
 Design notes (the why):
 
 * Hardware-agnostic. The server only calls the engine interface of `tasks.engines`
-  (`check_compatible`, `load`, `generate`) on the backend named in the settings; it never looks
-  at the device. `engine.json` in the engine dir says which backend built it, and the tokenizer
+  (`check_compatible`, `load`, `generate`, the device hooks) on the backend named in the settings; it
+  never looks at the device. `engine.json` (tasks.engines.engine_dir) says which backend built it, and the tokenizer
   and chat template are read from the same dir, so what is served is exactly what was built.
 * Sampling: `temperature`, `top_p`, `top_k`, `seed`, `stop`, `frequency_penalty`, `presence_penalty`,
   `repetition_penalty`, `logprobs`/`top_logprobs` go to the engine as one `SamplingParams`
@@ -50,13 +50,7 @@ from __future__ import annotations
 
 import sys
 
-# Compatibility re-exports: the names callers imported from serving.server before the split. New code
-# imports them from their owners (serving.app, serving.runtime, serving.metrics).
-from serving.app import ServerSettings, build_parser, create_app, main, settings_from_args
-from serving.metrics import Metrics
-from serving.runtime import Runtime
-
-__all__ = ["Metrics", "Runtime", "ServerSettings", "build_parser", "create_app", "main", "settings_from_args"]
+from serving.app import main
 
 if __name__ == "__main__":
     sys.exit(main())
