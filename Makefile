@@ -27,8 +27,9 @@ demo: services
 	set -a; eval "$$($(PY) scripts/services.py env | sed 's/^export //')"; set +a; \
 	$(PY) scripts/demo.py --profile $(PROFILE)
 
+# --durations: the slowest tests in every run's log, where CI time goes (BENCHMARKS.md, "CI from a fresh clone").
 test: venv
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 down:
 	@test -x $(PY) && $(PY) scripts/services.py down || true
