@@ -1,6 +1,9 @@
 """Release: distill → calibrate → quantize → build engines → gate reference → consistency gate → register → deploy.
 
 Tiny CPU run (services up, see README): python -m flows.release --profile configs/test-tiny.yaml --deploy none
+
+The data path only: the part the nightly shares (open the release run, the gate loop, the pool deploy) is in
+flows/chain.py, the MLflow runs in tasks/runs.py, the report in tasks/report.py.
 """
 from __future__ import annotations
 

@@ -12,6 +12,8 @@ package's own manifest. Gaps and contradictions are treated differently:
   `require_complete()` raises. The rest of the lineage is still returned, so a report can show it.
 - records that disagree (a hash on the version that differs from the package's, a run that does not
   exist or is of another stage) raise LineageError: that lineage cannot be trusted at all.
+
+`teacher_of` reads the teacher a distilled student records (the release hands it to the register stage).
 """
 from __future__ import annotations
 
