@@ -87,8 +87,9 @@ def gate_variants(
 
 def engine_precision(engine_dir) -> str:
     """What the engine computes with, from its engine.json (e.g. 'int4', 'fp32 (dequantized)')."""
-    meta = json.loads((Path(engine_dir) / "engine.json").read_text())
-    return meta.get("precision", "?") + (" (dequantized)" if meta.get("dequantized") else "")
+    from tasks.engines.engine_dir import read_meta
+
+    return read_meta(Path(engine_dir)).label
 
 
 @flow(name="consistency", log_prints=True)

@@ -67,6 +67,9 @@ def service_env(s: dict[str, str] | None = None) -> dict[str, str]:
         "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "true",
         # Heartbeats drive the zombie automation (see the module docstring); 30 s is Prefect's minimum.
         "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",
+        # Workers poll for runs every 2 s, not Prefect's default 10: every pool-placed stage otherwise waits up to
+        # 10 s (5 s on average) for its worker to notice it, and a release has up to eight (loopback API).
+        "PREFECT_WORKER_QUERY_SECONDS": "2",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{s['mlflow_port']}",
         "HF_HUB_OFFLINE": "1",
