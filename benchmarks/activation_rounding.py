@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from transformers import AutoTokenizer
 
-    from tasks.quantize import load_dequantized
+    from tasks.engines.checkpoint import load_dequantized
 
     model = load_dequantized(args.quantized).float().eval()
     tok = AutoTokenizer.from_pretrained(args.quantized)

@@ -13,6 +13,7 @@ import torch
 import yaml
 
 from tasks.artifacts import write_manifest
+from tasks.engines.checkpoint import load_dequantized  # the checkpoint as its exactly dequantized model (owned there)
 
 
 def _cpu_pin_memory_workaround() -> None:
@@ -115,31 +116,6 @@ def recipe_schemes(recipe: dict) -> list[dict]:
         if fields.get("scheme"):
             out.append({"targets": fields.get("targets", ["Linear"]), "scheme": fields["scheme"]})
     return out
-
-
-def load_dequantized(model_dir: Path) -> torch.nn.Module:
-    """A compressed-tensors checkpoint as a plain float32 model whose weights are exactly the dequantized values.
-
-    Reloaded as-is, a compressed checkpoint unpacks its integer weights on every forward pass. Loaded
-    with run_compressed=False the weights are decompressed once; they are then moved into a plain model:
-    the same numbers, without per-call quantization wrappers. A dense checkpoint loads unchanged.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.utils.quantization_config import CompressedTensorsConfig
-
-    config = AutoConfig.from_pretrained(model_dir)
-    if getattr(config, "quantization_config", None) is None:
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    q = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, quantization_config=CompressedTensorsConfig(run_compressed=False)
-    )
-    del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    missing, _ = model.load_state_dict(q.state_dict(), strict=False)
-    if missing:
-        raise RuntimeError(f"{model_dir}: decompressed checkpoint lacks {missing[:3]}")
-    model.tie_weights()
-    return model
 
 
 @torch.no_grad()

@@ -41,7 +41,7 @@ class HFScorer:
     """Teacher-forced logits from a transformers checkpoint: dense, or compressed-tensors as its fake-quantized twin."""
 
     def __init__(self, model_dir: Path):
-        from tasks.quantize import load_dequantized
+        from tasks.engines.checkpoint import load_dequantized
 
         self.model = load_dequantized(model_dir)
 

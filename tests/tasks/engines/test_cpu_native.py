@@ -3,7 +3,7 @@
 Tiny random Llama decoders built in-test (2 layers, hidden 256, 4 heads of 64, 2 KV heads, vocab 998 so
 the int8 head needs padding), RTN int4 g64 checkpoints of them made with llm-compressor (asymmetric and
 symmetric, plus g32 for the dequantized path), engines built from those. The reference is
-`tasks.quantize.load_dequantized`: the fake-quantized HF model. About 30 s on 2 CPU cores.
+`tasks.engines.checkpoint.load_dequantized`: the fake-quantized HF model. About 30 s on 2 CPU cores.
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def _prompts() -> list[list[int]]:
 
 
 def _hf(path: Path):
-    from tasks.quantize import load_dequantized
+    from tasks.engines.checkpoint import load_dequantized
 
     return load_dequantized(path)
 
