@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from tasks.engines import cpu_native  # noqa: E402
-from tasks.engines.cpu_onnx import THREADS_ENV  # noqa: E402
+from tasks.engines.cpu_host import THREADS_ENV  # noqa: E402
 
 PROMPT = list(range(100, 143))  # 43 token ids: the length of the benchmark's chat prompt
 

@@ -175,7 +175,7 @@ class DistillConfig(_Strict):
         # the key either): every process divides its loss sums by the whole step's token count and teacher norms, so N
         # processes compute the one-process gradient, and the data order is global (BatchOrder). What they do change is
         # rounding (bf16 under the ZeRO config on CUDA) and the checkpoint format: a DeepSpeed checkpoint is sharded per
-        # process, and resuming it with another strategy or process count fails naming both (tasks/distill.py:train).
+        # process, and resuming it with another strategy or process count fails naming both (tasks/distill/train.py:train).
         return self.model_dump(exclude={"checkpoint_every", "pushgateway_url", "push_every", "stall_timeout_s",
                                         "processes", "strategy", "deepspeed_config", "offload_optimizer", "offload_param"})
 

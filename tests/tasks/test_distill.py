@@ -556,6 +556,6 @@ def test_train_student_logs_each_term_per_step_to_mlflow(tiny_smol, mlflow_track
     assert run.data.metrics["truncated_samples"] == 1 and run.data.metrics["size_ratio"] == pytest.approx(student.meta["size_ratio"])
     assert run.data.params["beta"] == "0.1" and run.info.status == "FINISHED"
     report_keys = ("student_top1_vs_teacher", "teacher_ppl", "student_ppl", "student_ppl_before_training", "student_quality_pct",
-                   "student_layers", "student_params", "size_ratio")  # what flows/release.py:write_report reads
+                   "student_layers", "student_params", "size_ratio")  # what tasks/report.py:STUDENT_FIELDS reads
     assert set(report_keys) <= set(student.meta) and student.meta["student_layers"] == 2
     assert student.uri.startswith("mlflow-artifacts:/") and (materialize(student) / "model.safetensors").exists()

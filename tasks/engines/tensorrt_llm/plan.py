@@ -125,20 +125,6 @@ class BuildProfile(BaseModel):
         return self
 
 
-# Caller-facing profile keys. Every BuildProfile field (see the YAML files in
-# deployments/engine-profiles/) may also be given here and overrides the named build profile.
-DEFAULT_PROFILE: dict[str, Any] = {
-    # Name of deployments/engine-profiles/<name>.yaml. Orin is the deployment target.
-    "build_profile": "orin-agx",
-    # Recipe that produced the checkpoint: "awq" | "gptq" | "rtn" | None. config.json does not say;
-    # when None, the checkpoint's recipe.yaml (written by llm-compressor) is read if present. It is
-    # recorded in engine.json; it does not change the converter flags (see _INT4_WHY).
-    "algorithm": None,
-    # TensorRT-LLM source tree holding the convert script; None -> $EDGEFLOW_TRTLLM_SRC or /opt/TensorRT-LLM.
-    "tensorrt_llm_src": None,
-}
-
-
 def _override(name: str) -> tuple[Any, Any]:
     f = BuildProfile.model_fields[name]
     return (f.annotation | None, Field(default=None, description=f"Overrides the build profile's {name}: {f.description}"))
@@ -156,6 +142,10 @@ _Options = create_model(
                                         f"script; None -> ${TRTLLM_SRC_ENV} or {DEFAULT_TRTLLM_SRC}.")),
     **{name: _override(name) for name in BuildProfile.model_fields},
 )
+
+
+# Caller-facing keys besides the BuildProfile fields (which override the named build profile), with their defaults.
+DEFAULT_PROFILE: dict[str, Any] = {k: _Options.model_fields[k].default for k in ("build_profile", "algorithm", "tensorrt_llm_src")}
 
 
 class Profile(_Options):

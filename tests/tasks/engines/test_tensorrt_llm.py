@@ -1,4 +1,4 @@
-"""CPU tests of the TensorRT-LLM engine backend (tasks/engines/tensorrt_llm.py), up to the hardware boundary.
+"""CPU tests of the TensorRT-LLM engine backend (tasks/engines/tensorrt_llm/), up to the hardware boundary.
 
 Checkpoints are written by hand (config.json, tokenizer files, and for the staging tests a few tensors
 packed by compressed-tensors itself); no model and no tensorrt_llm are needed. What runs only on a GPU
