@@ -256,7 +256,7 @@ def load_dequantized(model_dir: Path) -> torch.nn.Module:
 
 
 def int4_group_scheme(schemes: dict[str, WeightScheme], where: str, group_sizes: tuple[int, ...], kernel: str) -> WeightScheme:
-    """The one int4, group-wise, contiguous-group scheme of a checkpoint whose groups sizes `kernel` runs.
+    """The one int4, group-wise, contiguous-group scheme of a checkpoint, in group sizes `kernel` runs.
 
     InexactWeights (naming the config group and field) for anything else: another format or bit width,
     per-channel scales, a group size outside `group_sizes`, act-order, or several schemes at once.

@@ -98,7 +98,7 @@ def clear_meta(out_dir: Path) -> None:
 def write_meta(out_dir: Path, meta: EngineMeta | dict[str, Any]) -> dict[str, Any]:
     """Validate and write engine.json (the last file a build writes); returns it as the JSON dict written."""
     typed = meta if isinstance(meta, EngineMeta) else EngineMeta.model_validate(meta)
-    data = json.loads(json.dumps(typed.model_dump(mode="json"), sort_keys=True, default=str))
+    data = typed.model_dump(mode="json")  # JSON-ready: what read_meta gives back
     (Path(out_dir) / ENGINE_JSON).write_text(json.dumps(data, indent=2, sort_keys=True))
     return data
 

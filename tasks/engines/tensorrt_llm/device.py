@@ -186,8 +186,8 @@ def build_identity_of(fp: dict[str, Any]) -> str:
 def check_compatible(engine_dir: Path) -> None:
     """Raise EngineIncompatibleError (naming both sides) if this machine cannot run the engine."""
     meta = edir.read_meta(engine_dir)
-    if meta.backend == BACKEND:
-        edir.check_meta(engine_dir, BACKEND)  # every engine file present
+    if meta.backend == BACKEND:  # another backend's engine: `compare` names both sides
+        meta = edir.check_meta(engine_dir, BACKEND)  # every engine file present
     compare(meta.model_dump(mode="json"), device_fingerprint())
 
 
