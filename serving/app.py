@@ -102,6 +102,10 @@ class ServerSettings(BaseModel):
         default=None, ge=0, description="Chaos testing only: every engine call hangs forever after this many tokens, "
         "as a stuck kernel would (exercises deadlines and the watchdog). Never set in production.",
     )
+    fault_corrupt_every: int | None = Field(
+        default=None, ge=1, description="Chaos testing only: every Nth generated token is replaced by the next token id "
+        "(answers degrade while requests and probes still succeed, as a bad on-device build would). Never set in production.",
+    )
 
     @model_validator(mode="after")
     def _limits_consistent(self) -> ServerSettings:

@@ -125,12 +125,16 @@ class Runtime:
         """`backend.generate`, with the watchdog told about every token; every engine call goes through here."""
         call = self.watchdog.begin()
         gen = self.backend.generate(self.session, input_ids, max_new_tokens, stop_ids, sampling)
-        stall_after = self.settings.fault_stall_after_tokens
+        stall_after, corrupt = self.settings.fault_stall_after_tokens, self.settings.fault_corrupt_every
         try:
             for i, token in enumerate(gen):
                 if stall_after is not None and i >= stall_after:
                     threading.Event().wait()  # chaos: hang the way a stuck kernel does (never returns)
                 self.watchdog.progress(call)
+                if corrupt is not None and (i + 1) % corrupt == 0 and token not in stop_ids:
+                    token = (token + 1) % len(self.tokenizer)  # chaos: a wrong token, the request still succeeds
+                    if token in stop_ids:
+                        token = (token + 1) % len(self.tokenizer)
                 yield token
         finally:
             self.watchdog.end(call)
