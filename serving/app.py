@@ -67,8 +67,15 @@ class ServerSettings(BaseModel):
     )
     health_timeout_s: float = Field(default=10.0, gt=0, description="/health fails (503) if the one-token probe takes longer.")
     access_log: Path | None = Field(default=None, description="JSONL access log path (one line per finished request); off if unset.")
-    access_log_max_bytes: int = Field(default=64 * MiB, ge=1024, description="Rotate the access log before it grows past this size.")
-    access_log_backups: int = Field(default=5, ge=0, description="Rotated access log files kept (access.jsonl.1 … .N).")
+    access_log_max_bytes: int = Field(default=64 * MiB, ge=1024, description="Rotate the access log into a segment before it grows past this size.")
+    access_log_backups: int = Field(
+        default=5, ge=0, description="Retention of segments not yet shipped: at most this many × access_log_max_bytes "
+        "bytes of them are kept (the oldest are deleted, with a warning); shipped segments are deleted at once. 0 keeps none.",
+    )
+    access_log_rotate_s: float = Field(
+        default=3600, ge=0, description="Also rotate the access log into a segment once its first line is this old, so "
+        "a quiet device still ships its lines (tasks/fleet/logship.py); 0 rotates on size only.",
+    )
     engine_version: str | None = Field(
         default=None,
         description="Version string reported in logs, metrics and system_fingerprint; defaults to engine.json's "

@@ -33,7 +33,8 @@ class AppState:
         self.metrics = Metrics()
         self.admission = Admission(settings.max_concurrency, settings.max_queue)
         self.access_log = (
-            AccessLog(settings.access_log, settings.access_log_max_bytes, settings.access_log_backups)
+            AccessLog(settings.access_log, settings.access_log_max_bytes, settings.access_log_backups,
+                      settings.access_log_rotate_s)
             if settings.access_log
             else None
         )

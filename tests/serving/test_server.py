@@ -285,6 +285,8 @@ def test_chat_page_is_served_with_the_model_name(server):
 
 
 def test_access_log_rotation(tmp_path):
+    import re
+
     from serving.access_log import AccessLog
 
     path = tmp_path / "a.jsonl"
@@ -296,8 +298,10 @@ def test_access_log_rotation(tmp_path):
     for t in threads:
         t.join()
     log.close()
-    files = sorted(tmp_path.iterdir())
-    assert [f.name for f in files] == ["a.jsonl", "a.jsonl.1", "a.jsonl.2"]
+    files = sorted(f for f in tmp_path.iterdir() if not f.name.startswith("."))  # .a.jsonl.lock: the writers' lock
+    # the active file and two immutable segments: retention keeps backups x max_bytes of unshipped segments
+    assert [f.name for f in files][-1] == "a.jsonl" and len(files) == 3
+    assert all(re.fullmatch(r"a-\d{8}T\d{6}Z-\d+\.jsonl", f.name) for f in files[:2]), files
     for f in files:
         assert f.stat().st_size <= 1024
         for line in f.read_text().splitlines():
