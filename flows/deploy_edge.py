@@ -14,15 +14,15 @@ from pathlib import Path
 
 from prefect import flow, task
 
-from tasks.config import load_profile
+from tasks.fleet.device import load_device_profile  # the profile with this device's deploy settings (device.yaml)
 
 
 @task
-def fetch(profile: str, alias: str) -> tuple[str, str]:
-    """Download the aliased version into its own versioned directory and verify every sha256."""
+def fetch(profile: str, alias: str, version: str | None = None) -> tuple[str, str]:
+    """Download the aliased (or the given) version into its own versioned directory and verify every sha256."""
     from tasks.deploy import fetch_version
 
-    version, path = fetch_version(load_profile(profile), alias)
+    version, path = fetch_version(load_device_profile(profile), alias, version)
     return version, str(path)
 
 
@@ -31,7 +31,7 @@ def check_serving(profile: str, version: str, package: str) -> dict | None:
     """Is this exact version already serving here, proxied and healthy? (then there is nothing to roll out)"""
     from tasks.deploy import already_serving, client_headers, public_url, smoke_chat
 
-    p = load_profile(profile)
+    p = load_device_profile(profile)
     serving = already_serving(p, version, Path(package))
     # still prove the stable port answers a chat, as a real rollout would
     return serving and serving | {"smoke_answer": smoke_chat(public_url(p), p.registry.model_name, p.deploy.smoke_prompt,
@@ -43,7 +43,7 @@ def bind_engine(profile: str, package: str) -> tuple[str, str]:
     """Check the shipped engine against this device, or build one here from the checkpoint."""
     from tasks.deploy import engine_for_device
 
-    engine, how = engine_for_device(load_profile(profile), Path(package))
+    engine, how = engine_for_device(load_device_profile(profile), Path(package))
     print(how)
     return str(engine), how
 
@@ -53,7 +53,7 @@ def start_candidate(profile: str, engine: str, version: str, package: str) -> di
     """Start the new version on the free side port and health-gate it (deep /health + a smoke chat)."""
     from tasks.deploy import start_candidate as start
 
-    return start(load_profile(profile), Path(engine), version, Path(package))
+    return start(load_device_profile(profile), Path(engine), version, Path(package))
 
 
 @task
@@ -61,7 +61,7 @@ def switch_traffic(profile: str, candidate: dict) -> dict:
     """Point the stable port at the candidate; the old server finishes its requests, then stops."""
     from tasks.deploy import ensure_proxy, switch_to
 
-    p = load_profile(profile)
+    p = load_device_profile(profile)
     ensure_proxy(p)
     return switch_to(p, candidate)
 
@@ -72,26 +72,40 @@ def record(profile: str, alias: str, outcome: dict, package: str | None = None) 
     tagged with the hash of the package it installed (`package`, once fetched)."""
     from tasks.deploy import record_deployment
 
-    record_deployment(load_profile(profile), alias, outcome, Path(package) if package else None)
+    record_deployment(load_device_profile(profile), alias, outcome, Path(package) if package else None)
+    refresh_inventory(profile)
+
+
+def refresh_inventory(profile: str) -> None:
+    """A registered device's inventory record says what it serves now (python -m tasks.fleet list)."""
+    from tasks.fleet.device import load_device
+    from tasks.fleet.inventory import update_serving
+    from tasks.config import load_profile
+
+    device = load_device()
+    if device is not None:
+        update_serving(load_profile(profile), device)
 
 
 @flow(name="deploy-edge", log_prints=True)
-def deploy_edge(profile: str, alias: str = "staging", force: bool = False) -> dict:
-    """Registered version in, a healthy server behind the stable port out (or the old one, untouched)."""
+def deploy_edge(profile: str, alias: str = "staging", force: bool = False, version: str | None = None,
+                reason: str = "") -> dict:
+    """Registered version in (the alias's, or `version`), a healthy server behind the stable port out (or the old
+    one, untouched). `reason` is recorded with the deployment (a rollout names its wave, a rollback its breach)."""
     from prefect.runtime import flow_run
 
     from tasks.deploy import check_exposure, public_url
 
-    outcome: dict = {"alias": alias, "prefect_flow_run_id": flow_run.get_id()}
+    outcome: dict = {"alias": alias, "prefect_flow_run_id": flow_run.get_id(), "reason": reason}
     package = None
     try:
-        check_exposure(load_profile(profile))  # before anything is fetched or started
-        version, package = fetch(profile, alias)
+        check_exposure(load_device_profile(profile))  # before anything is fetched or started
+        version, package = fetch(profile, alias, version)
         outcome["version"] = version
         serving = None if force else check_serving(profile, version, package)
         if serving:
             # Nothing to roll out: record the (successful, unchanged) deployment and leave the device alone.
-            result = {"url": public_url(load_profile(profile)), "version": version, "unchanged": True,
+            result = {"url": public_url(load_device_profile(profile)), "version": version, "unchanged": True,
                       "engine_binding": f"already serving version {version} on port {serving['port']} (healthy)",
                       "smoke_answer": serving["smoke_answer"], "health": serving["health"], "side_port": serving["port"]}
             record(profile, alias, outcome | {"status": "FINISHED"} | result, package)
@@ -103,7 +117,7 @@ def deploy_edge(profile: str, alias: str = "staging", force: bool = False) -> di
         record(profile, alias, outcome | {"status": "FAILED", "error": f"{type(e).__name__}: {e}"}, package)
         raise
     result = {
-        "url": public_url(load_profile(profile)), "version": version, "engine_binding": how,
+        "url": public_url(load_device_profile(profile)), "version": version, "engine_binding": how,
         "smoke_answer": candidate["smoke_answer"], "health": candidate["health"], "side_port": candidate["port"],
     } | switched
     record(profile, alias, outcome | {"status": "FINISHED"} | result, package)
@@ -116,7 +130,7 @@ def rollback_edge(profile: str) -> dict:
     from tasks.deploy import previous_deployment, public_url
     from tasks.artifacts import verify_manifest
 
-    p = load_profile(profile)
+    p = load_device_profile(profile)
     prev = previous_deployment(p)
     verify_manifest(Path(prev["package"]))  # the old files are still what was verified at the time
     candidate = start_candidate(profile, prev["engine"], prev["version"], prev["package"])

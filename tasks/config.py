@@ -407,6 +407,91 @@ class DeployConfig(_Strict):
     install_dir: str = Field(default=".edgeflow/device", description="Versioned model directories and logs on the device.")
     health_timeout_s: float = Field(default=180, gt=0, description="Give up waiting for /health after this long.")
     smoke_prompt: str = Field(default="What is the capital of France?", description="Chat request sent after the deploy.")
+    update_lock_max_in_flight: int = Field(
+        default=4, ge=0,
+        description="Update lock: a switch waits while the serving version has more requests in flight than this (a "
+        "device in a burst finishes it on the old version first).",
+    )
+    update_lock_timeout_s: float = Field(
+        default=300, gt=0, description="Give up (the deploy fails, the old version keeps serving) if the update lock "
+        "is still held after this long.",
+    )
+
+
+class WaveSpec(_Strict):
+    devices: int | None = Field(default=None, ge=1, description="Devices on the candidate once this wave is done (cumulative).")
+    percent: float | None = Field(
+        default=None, gt=0, le=100, description="Share of the targeted devices on the candidate once this wave is done "
+        "(cumulative, rounded up: 10 % of 3 devices is 1).",
+    )
+
+    @model_validator(mode="after")
+    def _one(self) -> WaveSpec:
+        if (self.devices is None) == (self.percent is None):
+            raise ValueError(f"a wave sets exactly one of devices or percent (got devices={self.devices}, percent={self.percent})")
+        return self
+
+
+class RolloutConfig(_Strict):
+    """Staged rollout over the fleet (flows/rollout.py): canary, then the rest in steps, each wave watched."""
+
+    pool: str = Field(default="orin", description="Work pool whose registered devices (python -m tasks.fleet list) the rollout targets.")
+    target: dict[str, str] = Field(
+        default_factory=dict, description="Tags a device must carry, all of them, to be targeted (e.g. {sku: agx-orin-64gb, "
+        "site: berlin}); empty: every registered device of the pool.",
+    )
+    waves: list[WaveSpec] = Field(
+        default_factory=lambda: [WaveSpec(devices=1), WaveSpec(percent=100)],
+        description="Cumulative waves: a canary first, then steps; the last one must reach every targeted device "
+        "(percent: 100).",
+    )
+    observe_s: float = Field(
+        default=600, gt=0, description="Each wave is watched this long after its devices switched (10 min: two alert "
+        "evaluation windows of infra/prometheus/alerts.yml).",
+    )
+    prometheus_url: str = Field(default="http://127.0.0.1:9090", description="Prometheus that scrapes every device (label `device`).")
+    scrape_interval_s: float = Field(
+        default=15, gt=0, description="That Prometheus's scrape interval; rates are read over windows of at least 4 scrapes.",
+    )
+    max_error_rate: float = Field(
+        default=0.01, ge=0, le=1, description="Breach: share of a wave device's requests that answered 5xx in the window, "
+        "above the devices still on the old version by more than this.",
+    )
+    max_ttft_p99_ratio: float = Field(
+        default=1.5, gt=1, description="Breach: a wave device's TTFT p99 above this multiple of the old-version devices' "
+        "(when some serve in the window).",
+    )
+    max_ttft_p99_ms: float | None = Field(
+        default=None, gt=0, description="Breach: a wave device's TTFT p99 above this, in ms (None: only the comparison).",
+    )
+    max_restarts: int = Field(default=0, ge=0, description="Breach: more server restarts than this on a wave device in the window.")
+    max_feedback_rate: float = Field(
+        default=0.05, ge=0, le=1, description="Breach: 'wrong answer' or 'no response' feedback per request on a wave device, "
+        "above the old-version devices by more than this.",
+    )
+    min_requests: int = Field(
+        default=20, ge=1, description="Requests a device needs in the window for its rates to be judged; below it the rates "
+        "are reported, not judged (the probe and the restarts still are).",
+    )
+    probe_prompts: int = Field(
+        default=32, ge=1, description="Gate greedy prompts the on-device probe sends through the deployed server (the "
+        "first N of the gate reference; fewer if the gate had fewer).",
+    )
+    probe_tolerance: float = Field(
+        default=0.05, ge=0, le=1, description="Breach: the probe's agreement with the FP reference below the gate's "
+        "figure for the same prompts by more than this.",
+    )
+    deploy_timeout_s: float = Field(default=1800, gt=0, description="Longest a device's deploy-edge (or probe) run may take.")
+
+    @model_validator(mode="after")
+    def _waves(self) -> RolloutConfig:
+        if not self.waves:
+            raise ValueError("rollout.waves is empty; give at least one wave, the last with percent: 100")
+        last = self.waves[-1]
+        if last.percent != 100:
+            raise ValueError(f"rollout.waves: the last wave must be percent: 100 (got {last.model_dump(exclude_none=True)}); "
+                             "a rollout that stops short of its targets never completes")
+        return self
 
 
 class Profile(_Strict):
@@ -424,6 +509,7 @@ class Profile(_Strict):
     placement: PlacementConfig = Field(
         default_factory=PlacementConfig, description="Which pool each release stage runs on (inline: the release's own host).",
     )
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Staged rollout over the device fleet.")
 
     def settings(self) -> dict:
         """What a release hands its stages (ReleaseContext.settings): the fields as written, JSON-safe, so that

@@ -22,8 +22,9 @@ from tasks.engines import EngineIncompatibleError, get_backend
 from tasks.processes import alive, read_pid, spawn_detached, stop_group
 
 
-def fetch_version(profile: Profile, alias: str) -> tuple[str, Path]:
-    """Download models:/<name>@<alias> into its own versioned directory and verify every sha256.
+def fetch_version(profile: Profile, alias: str, version: str | None = None) -> tuple[str, Path]:
+    """Download models:/<name>@<alias> (or version `version`, when given) into its own versioned directory and
+    verify every sha256.
 
     The directory is named by version *and* package hash: a device that was once served by another
     registry (or a re-created one whose numbering restarted) never mistakes an old `v2` for the new one.
@@ -34,7 +35,7 @@ def fetch_version(profile: Profile, alias: str) -> tuple[str, Path]:
     from tasks.registry import PACKAGE_SHA256_TAG, client, download
 
     name = profile.registry.model_name
-    mv = client().get_model_version_by_alias(name, alias)
+    mv = client().get_model_version(name, version) if version else client().get_model_version_by_alias(name, alias)
     expected = mv.tags.get(PACKAGE_SHA256_TAG)
     dest = profile.resolve(profile.deploy.install_dir) / "versions" / f"v{mv.version}-{(expected or 'unhashed')[:12]}"
     if (dest / "edgeflow-manifest.json").exists():
@@ -47,7 +48,7 @@ def fetch_version(profile: Profile, alias: str) -> tuple[str, Path]:
             dest.rename(aside)
     tmp = dest.with_name(dest.name + ".download")
     shutil.rmtree(tmp, ignore_errors=True)
-    _, local = download(name, alias, tmp)
+    _, local = download(name, alias, tmp, version=mv.version)
     local.rename(dest) if local != tmp else tmp.rename(dest)
     verify_manifest(dest, expected)
     return mv.version, dest
@@ -206,6 +207,10 @@ def start_server(profile: Profile, engine_dir: Path, version: str, port: int) ->
         stop_group(read_pid(stale))
     access_log = device_dir(profile) / "access_logs" / "access.jsonl"
     access_log.parent.mkdir(parents=True, exist_ok=True)
+    from tasks.fleet.device import load_device
+
+    device = load_device()
+    faults = (device.faults.get(str(version), {}) if device else {})  # chaos testing only (device.yaml `faults`)
     # Under the supervisor: a server its watchdog ends (engine stalled) or that crashes comes back on
     # the same port; a bad engine or bad settings (exit 2) ends the supervisor at once, failing the deploy.
     return _spawn(profile, name, [
@@ -220,6 +225,7 @@ def start_server(profile: Profile, engine_dir: Path, version: str, port: int) ->
         "--access-log", str(access_log),
         *(["--api-key-file", str(Path(profile.deploy.api_key_file).resolve())] if profile.deploy.api_key_file else []),
         "--auth-probes", "true" if profile.deploy.auth_probes else "false",
+        *[arg for flag, value in sorted(faults.items()) for arg in ("--" + flag.replace("_", "-"), str(value))],
     ])
 
 
@@ -243,11 +249,40 @@ def start_candidate(profile: Profile, engine_dir: Path, version: str, package: P
             "health": health, "smoke_answer": answer}
 
 
+def wait_update_lock(profile: Profile, port: int) -> float:
+    """The device's update lock: wait while the server on `port` has more requests in flight than
+    deploy.update_lock_max_in_flight; returns the seconds waited, or raises once deploy.update_lock_timeout_s passed."""
+    limit, start = profile.deploy.update_lock_max_in_flight, time.monotonic()
+    while True:
+        busy = httpx.get(_control_url(profile), timeout=5).json()["in_flight"].get(str(port), 0)
+        if busy <= limit:
+            return time.monotonic() - start
+        if time.monotonic() - start > profile.deploy.update_lock_timeout_s:
+            raise TimeoutError(
+                f"update lock held: the serving server on port {port} still had {busy} requests in flight (> "
+                f"deploy.update_lock_max_in_flight={limit}) after {profile.deploy.update_lock_timeout_s:.0f} s "
+                "(deploy.update_lock_timeout_s); the old version keeps serving. Retry when traffic is lower, or raise the limit"
+            )
+        time.sleep(0.5)
+
+
 def switch_to(profile: Profile, candidate: dict) -> dict:
-    """Point the stable port at the candidate, let the old server finish its requests, then stop it."""
+    """Point the stable port at the candidate, let the old server finish its requests, then stop it.
+
+    The update lock comes first: while the serving version is busier than deploy.update_lock_max_in_flight, the
+    switch waits; if it is still busy after deploy.update_lock_timeout_s, the candidate is stopped, the old
+    version keeps serving and the deploy fails saying so."""
     state = read_state(profile)
     old = state.get("current")
     ensure_proxy(profile)
+    waited = 0.0
+    if old and old.get("port") != candidate["port"]:
+        try:
+            waited = wait_update_lock(profile, old["port"])
+        except BaseException:
+            stop_group(candidate["pid"])
+            (_run_dir(profile) / f"edge-server-{candidate['port']}.pid").unlink(missing_ok=True)
+            raise
     r = httpx.put(_control_url(profile), json={"upstream": candidate["port"]}, timeout=5)
     r.raise_for_status()
     drained = True
@@ -264,7 +299,7 @@ def switch_to(profile: Profile, candidate: dict) -> dict:
         (_run_dir(profile) / f"edge-server-{old['port']}.pid").unlink(missing_ok=True)
     keep = {k: candidate[k] for k in ("version", "port", "pid", "engine", "package")}
     _write_state(profile, {"current": keep, "previous": old and {k: old[k] for k in keep if k in old}})
-    return {"switched_from": old and old.get("version"), "drained": drained}
+    return {"switched_from": old and old.get("version"), "drained": drained, "update_lock_waited_s": round(waited, 1)}
 
 
 def wait_healthy(base_url: str, timeout: float, pid: int | None = None, headers: dict[str, str] | None = None) -> dict:
@@ -368,6 +403,7 @@ def record_deployment(profile: Profile, alias: str, outcome: dict, package: Path
     from mlflow import MlflowClient
 
     from tasks.registry import PACKAGE_SHA256_TAG
+    from tasks.fleet.device import device_id
     from tasks.runs import DEPLOYMENTS_EXPERIMENT, experiment_id, tracking_uri
 
     c = MlflowClient(tracking_uri())
@@ -377,13 +413,16 @@ def record_deployment(profile: Profile, alias: str, outcome: dict, package: Path
         "edgeflow.alias": alias,
         "edgeflow.version": str(outcome.get("version", "")),
         "edgeflow.device_dir": str(device_dir(profile)),
+        "edgeflow.device_id": device_id() or "",
+        "edgeflow.reason": str(outcome.get("reason", ""))[:4000],
         "edgeflow.prefect_flow_run_id": str(outcome.get("prefect_flow_run_id") or ""),
         "edgeflow.error": str(outcome.get("error", ""))[:4000],
     }
     sha = package_sha256(package) if package is not None else None
     if sha:
         tags[PACKAGE_SHA256_TAG] = sha
-    run = c.create_run(exp_id, run_name=f"{alias} v{outcome.get('version', '?')} {outcome['status'].lower()}", tags=tags)
+    where = f" on {tags['edgeflow.device_id']}" if tags["edgeflow.device_id"] else ""
+    run = c.create_run(exp_id, run_name=f"{alias} v{outcome.get('version', '?')}{where} {outcome['status'].lower()}", tags=tags)
     c.log_dict(run.info.run_id, {k: v for k, v in outcome.items() if k != "health"}, "deployment.json")
     c.set_terminated(run.info.run_id, outcome["status"])
     return run.info.run_id

@@ -70,14 +70,15 @@ def load_run_json(c: MlflowClient, run_id: str, path: str) -> dict:
         return json.loads(Path(c.download_artifacts(run_id, path, tmp)).read_text())
 
 
-def download(name: str, alias: str, dest: Path) -> tuple[str, Path]:
-    """Download `models:/name@alias` into dest; returns (version, local path)."""
+def download(name: str, alias: str, dest: Path, version: str | None = None) -> tuple[str, Path]:
+    """Download `models:/name@alias` (or `models:/name/version`, when given: no race with an alias that moves) into
+    dest; returns (version, local path)."""
     import mlflow.artifacts
 
     c = client()
-    mv = c.get_model_version_by_alias(name, alias)
+    mv = c.get_model_version(name, version) if version else c.get_model_version_by_alias(name, alias)
     dest.mkdir(parents=True, exist_ok=True)
     local = mlflow.artifacts.download_artifacts(
-        artifact_uri=f"models:/{name}@{alias}", dst_path=str(dest), tracking_uri=tracking_uri()
+        artifact_uri=f"models:/{name}/{mv.version}", dst_path=str(dest), tracking_uri=tracking_uri()
     )
     return mv.version, Path(local)

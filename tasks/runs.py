@@ -103,6 +103,8 @@ def tracking_uri() -> str:
 DEPLOYMENTS_EXPERIMENT = "edgeflow-deployments"
 # One run per attempted alias move, refused ones included (tasks/promotion.py:record_move).
 PROMOTIONS_EXPERIMENT = "edgeflow-promotions"
+# One run per rollout (flows/rollout.py): its persisted state (state.json), a wave-<i>.json per wave, the verdict.
+ROLLOUTS_EXPERIMENT = "edgeflow-rollouts"
 
 
 def experiment_id(client, name: str, artifact_location: str | None = None) -> str:

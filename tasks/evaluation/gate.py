@@ -121,6 +121,7 @@ def run_gate(reference: Reference, variants: list[dict], gate: GateConfig, backe
                 "quantized": v["quantized"],
                 "reasons": reasons,
                 "metrics": m,
+                "greedy_continuations": [[int(t) for t in c] for c in eng_continuations],
             }
         )
     distributions = {

@@ -47,6 +47,10 @@ class GateRow(BaseModel):
     layer_error: list[float] | None = Field(
         default=None, description="Per-decoder-layer relative hidden-state error of the fake-quantized model; None for the FP student."
     )
+    greedy_continuations: list[list[int]] | None = Field(
+        default=None, description="The engine's greedy continuation (token ids) of each of the reference's greedy prompts, in "
+        "order: what the on-device probe (tasks/fleet/probe.py) expects the deployed server to answer.",
+    )
 
 
 class GateReferenceInfo(BaseModel):

@@ -43,6 +43,15 @@ class DeviceConfig(BaseModel):
         default=False, description="Also poll the pool's default queue, taking build-engine and consistency runs "
         "(a device that builds and gates engines for the fleet).",
     )
+    metrics_target: str | None = Field(
+        default=None, description="host:port Prometheus scrapes for this device's /metrics (the stable port); default "
+        "<deploy.host, or this hostname when it binds all interfaces>:<deploy.port>.",
+    )
+    faults: dict[str, dict[str, int]] = Field(
+        default_factory=dict,
+        description="Chaos testing only: edge-server fault flags per served version on this device, e.g. "
+        "{'7': {fault_corrupt_every: 2}} (serving/app.py ServerSettings fault_*). Never set in production.",
+    )
     deploy: dict = Field(
         default_factory=dict,
         description="Overrides of the profile's `deploy` block on this device (port, side_ports, install_dir, host, "
@@ -63,6 +72,14 @@ class DeviceConfig(BaseModel):
         unknown = sorted(set(v) - set(DeployConfig.model_fields))
         if unknown:
             raise ValueError(f"deploy: unknown keys {unknown}; known: {sorted(DeployConfig.model_fields)}")
+        return v
+
+    @field_validator("faults")
+    @classmethod
+    def _faults(cls, v: dict) -> dict:
+        bad = sorted({k for flags in v.values() for k in flags if not k.startswith("fault_")})
+        if bad:
+            raise ValueError(f"faults: {bad} are not fault flags; only serving ServerSettings fault_* fields may be set here")
         return v
 
     @property
@@ -111,6 +128,13 @@ def device_profile(profile: Profile, device: DeviceConfig | None = None) -> Prof
     except ValueError as e:
         raise ValueError(f"device {device.id}: its deploy overrides do not validate: {e}") from None
     return profile.model_copy(update={"deploy": deploy})
+
+
+def load_device_profile(path: str | Path) -> Profile:
+    """load_profile(path), as this device applies it (device_profile)."""
+    from tasks.config import load_profile
+
+    return device_profile(load_profile(path))
 
 
 def device_id() -> str | None:

@@ -1,0 +1,220 @@
+"""Rollout: a registered version over the fleet in waves, each one watched, promoted only if every wave holds.
+
+Tiny CPU run (services up, devices registered, Prometheus scraping them):
+    python -m flows.rollout --profile configs/test-multihost.yaml --version 2
+
+plan (the targeted devices of the inventory, cumulative waves from `rollout.waves`) → for each wave: deploy
+the candidate on each of its devices (deploy-edge on the device's own queue: the health-gated blue/green
+switch) → probe each one (probe-edge on the device: gate prompts through its stable port, within the gate's
+figure) → observe the window (Prometheus, against the devices still on the old version) → verdict. A breach
+anywhere rolls every device this rollout switched back to the version it ran, leaves `production` where it
+was and fails the run naming the device, the check and the numbers. When every wave passed, `production`
+moves through the checked promotion (flows/promote.py). State is persisted after every step (MLflow
+`edgeflow-rollouts`): Retry resumes at the wave it was in.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from prefect import flow, task
+
+from tasks.config import load_profile
+
+
+class RolloutBreach(RuntimeError):
+    """A wave breached: the devices were rolled back and `production` did not move."""
+
+
+def _run_on_device(deployment: str, device: str, parameters: dict, timeout: float) -> dict:
+    from prefect.deployments import run_deployment
+
+    from tasks.fleet.device import queue_name
+
+    fr = run_deployment(deployment, parameters=parameters, work_queue_name=queue_name(device), timeout=timeout)
+    if not fr.state.is_completed():
+        raise RuntimeError(f"{deployment.split('/')[0]} on {device} (flow run {fr.id}) ended {fr.state.type.value}: "
+                           f"{fr.state.message or 'no answer within rollout.deploy_timeout_s'}")
+    return fr.state.result()
+
+
+@task(task_run_name="deploy v{version} on {device}")
+def deploy_device(profile: str, device: str, version: str, reason: str) -> dict:
+    """deploy-edge on the device's own queue: fetch, verify, bind, health-gate, switch (or leave it as it was)."""
+    p = load_profile(profile)
+    return _run_on_device("deploy-edge/deploy-edge", device, {"profile": profile, "alias": "rollout", "version": version,
+                                                              "reason": reason}, p.rollout.deploy_timeout_s)
+
+
+@task(task_run_name="probe v{version} on {device}")
+def probe_device(profile: str, device: str, version: str) -> dict:
+    """probe-edge on the device: the gate's greedy prompts through its stable port."""
+    p = load_profile(profile)
+    return _run_on_device("probe-edge/probe-edge", device, {"profile": profile, "version": version}, p.rollout.deploy_timeout_s)
+
+
+@task(task_run_name="observe {seconds:.0f} s: {devices} vs {old}")
+def observe_window(profile: str, devices: list[str], old: list[str], seconds: float) -> dict:
+    """Wait out the window, then read the wave's Prometheus series against the old-version devices'."""
+    from tasks.fleet.watch import observe
+
+    cfg = load_profile(profile).rollout
+    start = time.time()
+    time.sleep(seconds)
+    return observe(cfg, devices, old, start, time.time()).model_dump()
+
+
+@task(task_run_name="check devices online: {devices}")
+def check_online(profile: str, devices: list[str]) -> list[str]:
+    """Breaches for wave devices whose worker stopped heartbeating (a device that vanished mid-rollout)."""
+    from tasks.fleet.inventory import worker_status
+
+    status = worker_status(load_profile(profile).rollout.pool)
+    return [f"{d}: vanished mid-rollout ({status.get(d, 'no worker registered')}) (check: device online)"
+            for d in devices if status.get(d) != "online"]
+
+
+@flow(name="rollout-wave", flow_run_name="wave {index}: {devices}", log_prints=True)
+def rollout_wave(profile: str, index: int, devices: list[str], old: list[str], version: str) -> dict:
+    """One wave: deploy, probe, observe, verdict. Returns {"breaches": [...], "probes": [...], "watch": {...}}."""
+    p = load_profile(profile)
+    breaches = check_online(profile, devices)
+    if breaches:
+        return {"breaches": breaches, "probes": [], "watch": None}
+    futures = {d: deploy_device.submit(profile, d, version, f"rollout wave {index}") for d in devices}
+    for d, f in futures.items():
+        try:
+            f.result()
+        except Exception as e:
+            breaches.append(f"{d}: deploy-edge failed, the device kept its version: {e} (check: deploy)")
+    if breaches:
+        return {"breaches": breaches, "probes": [], "watch": None}
+    probes = []
+    for d in devices:
+        try:
+            probes.append(probe_device(profile, d, version))
+        except Exception as e:
+            breaches.append(f"{d}: on-device probe failed: {e} (check: probe)")
+    breaches += [f"{r['device']}: {r['reason']} (check: probe)" for r in probes if not r["passed"]]
+    if breaches:
+        return {"breaches": breaches, "probes": probes, "watch": None}
+    try:
+        watch = observe_window(profile, devices, old, p.rollout.observe_s)
+    except Exception as e:  # Prometheus unreachable or erroring: fail closed
+        return {"breaches": [f"{', '.join(devices)}: {e} (check: Prometheus)"], "probes": probes, "watch": None}
+    breaches += watch["breaches"] + check_online(profile, devices)
+    print(f"wave {index} {devices}: {'PASSED' if not breaches else 'BREACHED'}; window {watch['window']}; "
+          + "; ".join(breaches + watch["notes"]))
+    return {"breaches": breaches, "probes": probes, "watch": watch}
+
+
+@task
+def plan(profile: str, version: str | None, alias: str, flow_run_id: str) -> dict:
+    """The candidate, the targeted online devices in waves, what each serves now; or the persisted state of this run."""
+    from tasks.fleet.inventory import read_inventory, worker_status
+    from tasks.fleet.rollout import RolloutState, WaveState, find_state, plan_waves, start_state, targeted
+    from tasks.registry import alias_version, client
+
+    found = find_state(flow_run_id)
+    if found is not None:
+        print(f"resuming rollout of v{found.version} ({found.status}); waves: " +
+              ", ".join(f"{w.index} {w.devices} {w.status}" for w in found.waves))
+        return found.model_dump()
+    p = load_profile(profile)
+    c = client()
+    name = p.registry.model_name
+    version = version or alias_version(c, name, alias)
+    if not version:
+        raise ValueError(f"{name} has no `{alias}` alias; pass version=<n> or register a version first")
+    c.get_model_version(name, version)  # exists, or MLflow says so
+    records = read_inventory(p.rollout.pool)
+    chosen = targeted(p.rollout, records, worker_status(p.rollout.pool))
+    serving = {r.id: r.serving.version for r in chosen}
+    waves = [WaveState(index=i, devices=ds, previous={d: serving[d] for d in ds})
+             for i, ds in enumerate(plan_waves(p.rollout.waves, [r.id for r in chosen]))]
+    state = RolloutState(model=name, version=str(version), production_before=alias_version(c, name, "production"),
+                         flow_run_id=flow_run_id, waves=waves)
+    return start_state(state).model_dump()
+
+
+@task
+def save(state: dict, wave: int | None = None) -> None:
+    from tasks.fleet.rollout import RolloutState, save_state
+
+    s = RolloutState.model_validate(state)
+    save_state(s, s.waves[wave] if wave is not None else None)
+
+
+@flow(name="rollout", log_prints=True)
+def rollout(profile: str, version: str | None = None, alias: str = "staging") -> dict:
+    """A version (or the alias's) over the targeted devices, wave by wave; `production` moves only if all hold."""
+    from prefect.runtime import flow_run
+
+    state = plan(profile, version, alias, flow_run.get_id() or "local")
+    if state["status"] == "rolled_back":
+        raise RolloutBreach(f"this rollout was already rolled back: {state['reason']}; start a new rollout")
+    version = state["version"]
+    for wave in state["waves"]:
+        if wave["status"] == "passed":
+            continue
+        wave["status"] = "deploying"
+        wave["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        save(state, wave["index"])
+        switched = {d for w in state["waves"] if w["index"] < wave["index"] for d in w["devices"]} | set(wave["devices"])
+        old = [d for w in state["waves"] for d in w["devices"] if d not in switched]
+        verdict = rollout_wave(profile, wave["index"], wave["devices"], old, version)
+        wave.update(probes=verdict["probes"], watch=verdict["watch"], breaches=verdict["breaches"],
+                    window=(verdict["watch"] or {}).get("window"), status="breached" if verdict["breaches"] else "passed")
+        save(state, wave["index"])
+        if verdict["breaches"]:
+            roll_back(profile, state, wave["index"])
+            save(state)
+            raise RolloutBreach(state["reason"])
+    from flows.promote import promote
+
+    state["promotion"] = promote(profile, version, "production",
+                                 f"rollout {state['flow_run_id']}: every wave passed on {state['waves'][-1]['devices']}")
+    state["status"], state["reason"] = "completed", f"v{version} serves on {sum(len(w['devices']) for w in state['waves'])} device(s); production moved"
+    save(state)
+    return state
+
+
+def roll_back(profile: str, state: dict, failed: int) -> None:
+    """Every device this rollout touched, up to the failed wave, back to the version it served before."""
+    breach = "; ".join(state["waves"][failed]["breaches"])
+    for w in state["waves"][: failed + 1]:
+        for d in w["devices"]:
+            prev = w["previous"].get(d)
+            if prev is None or str(prev) == state["version"]:
+                state["rolled_back"][d] = f"left as is (served {prev or 'nothing'} before the rollout)"
+                continue
+            try:
+                deploy_device(profile, d, str(prev), f"rollback of v{state['version']} after wave {failed}: {breach}"[:3900])
+                state["rolled_back"][d] = str(prev)
+            except Exception as e:
+                state["rolled_back"][d] = f"rollback FAILED: {e}"
+    state["status"] = "rolled_back"
+    state["reason"] = (f"wave {failed} breached: {breach}; rolled back: "
+                       + ", ".join(f"{d} -> {v}" for d, v in state["rolled_back"].items())
+                       + f"; production unchanged (v{state['production_before']})")
+
+
+@flow(name="probe-edge", log_prints=True)
+def probe_edge(profile: str, version: str) -> dict:
+    """On the device: the gate's greedy prompts through its stable port, against the gate's figure for `version`."""
+    from tasks.fleet.device import device_id, load_device_profile
+    from tasks.fleet.probe import run_probe
+
+    result = run_probe(load_device_profile(profile), version, device_id())
+    print(result.reason)
+    return result.model_dump()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", default="configs/demo-cpu.yaml")
+    ap.add_argument("--version", default=None)
+    ap.add_argument("--alias", default="staging")
+    ap.add_argument("--probe", action="store_true", help="run the on-device probe of --version here instead")
+    a = ap.parse_args()
+    print(probe_edge(a.profile, a.version) if a.probe else rollout(a.profile, a.version, a.alias))
