@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tasks.config import DeployConfig, Profile
 
@@ -113,8 +113,9 @@ def load_device(path: Path | None = None, required: bool = False) -> DeviceConfi
         return None
     try:
         return DeviceConfig.model_validate(yaml.safe_load(path.read_text()) or {})
-    except ValueError as e:
-        raise ValueError(f"device config {path}: {e}") from None
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'device'}: {err['msg']}" for err in e.errors())
+        raise ValueError(f"device config {path}: {problems} (fields: {sorted(DeviceConfig.model_fields)})") from None
 
 
 def device_profile(profile: Profile, device: DeviceConfig | None = None) -> Profile:
