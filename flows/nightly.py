@@ -26,17 +26,28 @@ from tasks.runs import tracking_uri
 
 @task
 def gather_traffic(profile: str, logs_dir: str | None, until: str | None, student: ArtifactRef) -> Traffic:
-    """Clean the last window of access logs into a snapshot, or say why the night is skipped."""
+    """Clean the last window of access logs into a snapshot, or say why the night is skipped.
+
+    The logs are the segments the devices shipped to the artifact store (`nightly.logs_source: store`, fetched and
+    checked by sha256), else the folder `nightly.logs_dir`; a `logs_dir` given to the flow run is always read."""
+    from datetime import timedelta
+
     from transformers import AutoTokenizer
 
     from tasks.evaluation.gate import eval_texts
+    from tasks.fleet.logship import fetch_segments
     from tasks.store import materialize
 
     p = load_profile(profile)
     end = parse_time(until)
     tok = AutoTokenizer.from_pretrained(materialize(student))
     evals = eval_texts({d: p.resolve(s) for d, s in p.gate.eval_sources.items()}, p.gate.num_prompts, tok)
-    out = p.work / "nightly" / end.strftime("%Y%m%dT%H%M%SZ") / "traffic.jsonl"
+    night = p.work / "nightly" / end.strftime("%Y%m%dT%H%M%SZ")
+    out = night / "traffic.jsonl"
+    if logs_dir is None and p.nightly.logs_source == "store":
+        fetched = night / "segments"
+        logs = fetch_segments(end - timedelta(hours=p.nightly.window_hours), end, fetched)
+        return collect_traffic(logs, end, p.nightly.window_hours, p.nightly.min_records, evals, out, tok, fetched_to=fetched)
     return collect_traffic(p.resolve(logs_dir or p.nightly.logs_dir), end, p.nightly.window_hours, p.nightly.min_records,
                            evals, out, tok)
 
@@ -87,7 +98,8 @@ def nightly_recalibration(
     until: str | None = None,
     deploy: Literal["pool", "inline", "none"] = "pool",
 ) -> dict:
-    """Access logs of the last window in; a new staging version (or a 'skipped' report) out."""
+    """Access logs of the last window in (the devices' shipped segments, or `logs_dir`); a new staging version (or a
+    'skipped' report) out."""
     p = load_profile(profile)
     check_placement(p.placement)  # before any compute
     base = base_student(profile)
@@ -141,7 +153,7 @@ def promote_if_better(profile: str, registry: dict, base: dict, deploy: str) -> 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--profile", default="configs/demo-cpu.yaml")
-    ap.add_argument("--logs-dir")
+    ap.add_argument("--logs-dir", help="Read this folder instead of the store's shipped segments (nightly.logs_source).")
     ap.add_argument("--until", help="Window end, ISO 8601 (default now).")
     ap.add_argument("--deploy", default="inline", choices=["pool", "inline", "none"])
     a = ap.parse_args()

@@ -362,9 +362,14 @@ class PlacementConfig(_Strict):
 class NightlyConfig(_Strict):
     """Nightly recalibration from the edge devices' access logs."""
 
+    logs_source: Literal["store", "dir"] = Field(
+        default="store",
+        description="Where the window's access logs come from: `store`, the segments each device ships to the artifact "
+        "store (the ship-logs flow, tasks/fleet/logship.py); `dir`, the folder `logs_dir` (a single box, the demo).",
+    )
     logs_dir: str = Field(
         default="data/access_logs",
-        description="Where the devices' access logs are shipped (a local folder in the demo; a mounted bucket in production).",
+        description="Folder of access logs read when logs_source is `dir` (or a flow run names one).",
     )
     window_hours: float = Field(default=24, gt=0, description="Read the requests of this many hours before the run's `until`.")
     domain: str = Field(default="chat", description="Calibration domain the cleaned traffic replaces (the other domains keep their sources).")

@@ -2,7 +2,9 @@
 
     python -m tasks.nightly data/access_logs --until 2026-11-30T00:00:00Z   # what tonight's window would keep
 
-The access logs of the window are cleaned by `tasks.access_logs.ingest` (PII scrubbed, de-duplicated,
+The window's access logs come from the artifact store, where each device ships its rotated segments
+(tasks/fleet/logship.py, `nightly.logs_source: store`), or from a folder (`dir`: `nightly.logs_dir`, a single box).
+They are cleaned by `tasks.access_logs.ingest` (PII scrubbed, de-duplicated,
 bounded), stripped of anything that overlaps the gate's evaluation set (production traffic does ask the
 eval questions now and then; calibrating on them would inflate every gate metric), and written as one
 JSONL snapshot. The snapshot replaces one calibration domain (`nightly.domain`, chat by default) in a
@@ -12,16 +14,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from dataclasses import asdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Sequence
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.access_logs import _parse_ts, ingest, log_files
+from tasks.access_logs import _lines, _parse_ts, ingest, log_files
 from tasks.calibration import find_overlap
 from tasks.config import Profile
+
+if TYPE_CHECKING:
+    from tasks.fleet.logship import DeviceSegments
 
 
 class Traffic(BaseModel):
@@ -31,8 +38,14 @@ class Traffic(BaseModel):
 
     since: str = Field(description="Window start (ISO 8601, UTC, inclusive).")
     until: str = Field(description="Window end (ISO 8601, UTC, exclusive).")
-    logs_dir: str = Field(description="Where the access logs were read.")
+    source: Literal["store", "dir"] = Field(
+        default="dir", description="Where the logs came from: the devices' segments in the artifact store, or a folder.")
+    logs_dir: str = Field(description="Where the access logs were read (the folder, or where the store's segments were fetched).")
     files: int = Field(description="Access-log files found.")
+    per_device: dict[str, int] = Field(
+        default_factory=dict, description="Access-log lines read per device (its files overlapping the window; `ingest` "
+        "then drops the lines outside it). From a folder, a device is a file's name less .jsonl and any rotation suffix.",
+    )
     kept: int = Field(description="Clean requests kept for calibration.")
     dropped_eval_overlap: int = Field(description="Clean requests dropped because they overlap the gate's eval set.")
     ingest: dict = Field(description="Every count of the cleaning (tasks.access_logs.IngestReport).")
@@ -52,23 +65,49 @@ def _iso(t: datetime) -> str:
     return t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+# A rotated file's suffix: access.jsonl.3 (older servers) or access-20261129T094149Z-2.jsonl (a segment).
+_ROTATED = re.compile(r"(-\d{8}T\d{6}Z-\d+)?\.jsonl(\.\d+)?$")
+
+
+def device_of(path: Path) -> str:
+    """The device a log file in a folder is from: its name less `.jsonl` and any rotation suffix."""
+    return _ROTATED.sub("", Path(path).name) or Path(path).name
+
+
 def collect_traffic(
-    logs_dir: Path, until: datetime, hours: float, min_records: int, eval_texts: list[str], out: Path, tokenizer
+    logs: Path | Sequence[DeviceSegments], until: datetime, hours: float, min_records: int, eval_texts: list[str], out: Path,
+    tokenizer, fetched_to: Path | None = None,
 ) -> Traffic:
-    """Clean the window's requests, drop eval overlaps, write the snapshot; `skipped` says why not, if not."""
+    """Clean the window's requests, drop eval overlaps, write the snapshot; `skipped` says why not, if not.
+
+    `logs` is a folder of access logs, or the devices' segments of the window as tasks.fleet.logship.fetch_segments
+    returns them (`fetched_to`: where they were downloaded, shown in the report).
+    """
     from tasks.textdata import record_text
 
     since = until - timedelta(hours=hours)
-    files = log_files(logs_dir) if Path(logs_dir).is_dir() else []
+    if isinstance(logs, (str, Path)):
+        source, logs_dir = "dir", str(logs)
+        files = log_files(Path(logs)) if Path(logs).is_dir() else []
+        per_device: dict[str, int] = {}
+        for f in files:
+            per_device[device_of(f)] = per_device.get(device_of(f), 0) + len(_lines(f))
+        empty = f"no access logs under {logs}"
+    else:
+        source, logs_dir = "store", str(fetched_to or "")
+        files = [Path(p) for d in logs for p in d.paths]
+        per_device = {d.device_id: sum(len(_lines(Path(p))) for p in d.paths) for d in logs}
+        empty = (f"no access-log segments shipped between {_iso(since)} and {_iso(until)} (MLflow experiment "
+                 "edgeflow-access-logs); devices ship them with the ship-logs flow (flows/ship_logs.py)")
     records, report = ingest(files, since, until)
     texts = [record_text(r, tokenizer) for r in records]
     # An eval item "overlaps" one request's text: drop that request (the eval set is the fixed side).
     overlapping = {i for i, t in enumerate(texts) if find_overlap([t], eval_texts)}
     kept = [r for i, r in enumerate(records) if i not in overlapping]
-    base = dict(since=_iso(since), until=_iso(until), logs_dir=str(logs_dir), files=len(files), kept=len(kept),
-                dropped_eval_overlap=len(overlapping), ingest=asdict(report))
+    base = dict(since=_iso(since), until=_iso(until), source=source, logs_dir=logs_dir, files=len(files),
+                per_device=per_device, kept=len(kept), dropped_eval_overlap=len(overlapping), ingest=asdict(report))
     if not files:
-        return Traffic(**base, skipped=f"no access logs under {logs_dir}")
+        return Traffic(**base, skipped=empty)
     if len(kept) < min_records:
         return Traffic(**base, skipped=(
             f"{len(kept)} clean requests between {base['since']} and {base['until']} (of {report.lines} log lines in "

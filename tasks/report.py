@@ -146,6 +146,11 @@ def nightly_markdown(r: dict) -> str:
                   f"| {t['since']} → {t['until']} | {t['files']} | {ing.get('lines', 0)} | {t['kept']} | "
                   f"{ing.get('records_with_pii', 0)} | {ing.get('exact_duplicates', 0) + ing.get('near_duplicates', 0)} | "
                   f"{t['dropped_eval_overlap']} |", ""]
+        if t.get("per_device"):
+            where = "the segments the devices shipped" if t.get("source") == "store" else t.get("logs_dir")
+            lines += [f"Lines read per device, from {where}:", "",
+                      "| device | log lines |", "|---|---:|"]
+            lines += [f"| {device} | {n} |" for device, n in sorted(t["per_device"].items())] + [""]
     for key, title in (("base", "Base"), ("staging", "Staging"), ("promotion", "Production")):
         if r.get(key):
             lines.append(f"- **{title}:** {r[key]}")
