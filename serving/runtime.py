@@ -98,6 +98,7 @@ class Runtime:
         # LightTokenizer, not transformers: importing transformers alone adds ~500 MB (torch) to the server.
         self.tokenizer = LightTokenizer(self.engine_dir)
         self.stop_ids = self._stop_ids()
+        self.vocab_size = len(self.tokenizer.get_vocab())
         self.engine_version = settings.engine_version or self._default_engine_version()
         self.runtime_versions = {
             k: v for k, v in sorted(self.meta.items()) if isinstance(v, str) and _VERSION_RE.match(v)
@@ -132,9 +133,9 @@ class Runtime:
                     threading.Event().wait()  # chaos: hang the way a stuck kernel does (never returns)
                 self.watchdog.progress(call)
                 if corrupt is not None and (i + 1) % corrupt == 0 and token not in stop_ids:
-                    token = (token + 1) % len(self.tokenizer)  # chaos: a wrong token, the request still succeeds
-                    if token in stop_ids:
-                        token = (token + 1) % len(self.tokenizer)
+                    token += 1  # chaos: a wrong token (never a stop token); the request still succeeds
+                    while token in stop_ids or token >= self.vocab_size:
+                        token = (token + 1) % self.vocab_size
                 yield token
         finally:
             self.watchdog.end(call)

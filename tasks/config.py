@@ -486,6 +486,11 @@ class RolloutConfig(_Strict):
         default=0.05, ge=0, le=1, description="Breach: the probe's agreement with the FP reference below the gate's "
         "figure for the same prompts by more than this.",
     )
+    min_same_as_gate: float | None = Field(
+        default=None, ge=0, le=1, description="Breach: share of probe answers identical to the gate engine's own "
+        "continuation below this. Set it where devices run the gate's very engine (the CPU engines are deterministic: "
+        "1.0 is expected); None where a device builds its own binding, whose answers may differ token for token.",
+    )
     deploy_timeout_s: float = Field(default=1800, gt=0, description="Longest a device's deploy-edge (or probe) run may take.")
 
     @model_validator(mode="after")

@@ -90,7 +90,7 @@ def engine_for_device(profile: Profile, package: Path) -> tuple[Path, str]:
 # --------------------------------------------------------------------------------------------
 
 
-def _run_dir(profile: Profile) -> Path:
+def run_dir(profile: Profile) -> Path:
     return profile.work / "run"
 
 
@@ -100,13 +100,13 @@ def device_dir(profile: Profile) -> Path:
 
 def _spawn(profile: Profile, name: str, cmd: list[str]) -> int:
     """Start a process detached in its own session (it outlives this flow run and its worker); pid file run/<name>.pid."""
-    return spawn_detached(cmd, profile.work / "logs" / f"{name}.log", _run_dir(profile) / f"{name}.pid", REPO_ROOT)
+    return spawn_detached(cmd, profile.work / "logs" / f"{name}.log", run_dir(profile) / f"{name}.pid", REPO_ROOT)
 
 
 def stop_device(profile: Profile) -> list[str]:
     """Stop the proxy and every edge server this device started (by pid file); returns what was stopped."""
     stopped = []
-    run = _run_dir(profile)
+    run = run_dir(profile)
     for pf in sorted(run.glob("edge-*.pid")) if run.exists() else []:
         pid = read_pid(pf)
         stop_group(pid)
@@ -121,7 +121,7 @@ def read_state(profile: Profile) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _write_state(profile: Profile, state: dict) -> None:
+def write_state(profile: Profile, state: dict) -> None:
     path = device_dir(profile) / "state.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -129,14 +129,14 @@ def _write_state(profile: Profile, state: dict) -> None:
     os.replace(tmp, path)
 
 
-def _control_url(profile: Profile) -> str:
+def control_url(profile: Profile) -> str:
     return f"{public_url(profile)}/_edgeflow/proxy"
 
 
 def ensure_proxy(profile: Profile, timeout: float = 30) -> dict:
     """Start the stable-port proxy unless it already answers; returns its control state."""
     try:
-        r = httpx.get(_control_url(profile), timeout=2)
+        r = httpx.get(control_url(profile), timeout=2)
     except httpx.HTTPError:
         pass
     else:
@@ -144,7 +144,7 @@ def ensure_proxy(profile: Profile, timeout: float = 30) -> dict:
             return r.json()
         raise RuntimeError(
             f"port {profile.deploy.port} (deploy.port) answers but is not the edgeflow proxy ({r.status_code} on "
-            f"{_control_url(profile)}); stop what listens there (make down) or choose another deploy.port"
+            f"{control_url(profile)}); stop what listens there (make down) or choose another deploy.port"
         )
     check_exposure(profile)
     _spawn(profile, "edge-proxy", [
@@ -154,9 +154,15 @@ def ensure_proxy(profile: Profile, timeout: float = 30) -> dict:
     deadline = time.time() + timeout
     while time.time() < deadline:
         with contextlib.suppress(httpx.HTTPError):
-            return httpx.get(_control_url(profile), timeout=2).json()
+            return httpx.get(control_url(profile), timeout=2).json()
         time.sleep(0.2)
     raise RuntimeError(f"proxy on port {profile.deploy.port} did not start; see {profile.work / 'logs' / 'edge-proxy.log'}")
+
+
+def point_proxy(profile: Profile, port: int) -> None:
+    """Point the stable port's proxy at the server on side port `port` (the proxy persists it across restarts)."""
+    r = httpx.put(control_url(profile), json={"upstream": port}, timeout=5)
+    r.raise_for_status()
 
 
 def side_port(profile: Profile) -> int:
@@ -202,7 +208,7 @@ def client_headers(profile: Profile) -> dict[str, str]:
 def start_server(profile: Profile, engine_dir: Path, version: str, port: int) -> int:
     """Start an edge server on `port`, detached; a stale server of ours on that port is stopped first."""
     name = f"edge-server-{port}"
-    stale = _run_dir(profile) / f"{name}.pid"
+    stale = run_dir(profile) / f"{name}.pid"
     if stale.exists():
         stop_group(read_pid(stale))
     access_log = device_dir(profile) / "access_logs" / "access.jsonl"
@@ -243,7 +249,7 @@ def start_candidate(profile: Profile, engine_dir: Path, version: str, package: P
         answer = smoke_chat(url, profile.registry.model_name, profile.deploy.smoke_prompt, headers=headers)
     except BaseException:
         stop_group(pid)
-        (_run_dir(profile) / f"edge-server-{port}.pid").unlink(missing_ok=True)
+        (run_dir(profile) / f"edge-server-{port}.pid").unlink(missing_ok=True)
         raise
     return {"version": version, "port": port, "pid": pid, "engine": str(engine_dir), "package": str(package),
             "health": health, "smoke_answer": answer}
@@ -254,7 +260,7 @@ def wait_update_lock(profile: Profile, port: int) -> float:
     deploy.update_lock_max_in_flight; returns the seconds waited, or raises once deploy.update_lock_timeout_s passed."""
     limit, start = profile.deploy.update_lock_max_in_flight, time.monotonic()
     while True:
-        busy = httpx.get(_control_url(profile), timeout=5).json()["in_flight"].get(str(port), 0)
+        busy = httpx.get(control_url(profile), timeout=5).json()["in_flight"].get(str(port), 0)
         if busy <= limit:
             return time.monotonic() - start
         if time.monotonic() - start > profile.deploy.update_lock_timeout_s:
@@ -281,24 +287,23 @@ def switch_to(profile: Profile, candidate: dict) -> dict:
             waited = wait_update_lock(profile, old["port"])
         except BaseException:
             stop_group(candidate["pid"])
-            (_run_dir(profile) / f"edge-server-{candidate['port']}.pid").unlink(missing_ok=True)
+            (run_dir(profile) / f"edge-server-{candidate['port']}.pid").unlink(missing_ok=True)
             raise
-    r = httpx.put(_control_url(profile), json={"upstream": candidate["port"]}, timeout=5)
-    r.raise_for_status()
+    point_proxy(profile, candidate["port"])
     drained = True
     if old and old.get("port") != candidate["port"]:
         deadline = time.time() + profile.deploy.drain_timeout_s
         while time.time() < deadline:
-            left = httpx.get(_control_url(profile), timeout=5).json()["in_flight"].get(str(old["port"]), 0)
+            left = httpx.get(control_url(profile), timeout=5).json()["in_flight"].get(str(old["port"]), 0)
             if not left:
                 break
             time.sleep(0.2)
         else:
             drained = False
         stop_group(old["pid"])
-        (_run_dir(profile) / f"edge-server-{old['port']}.pid").unlink(missing_ok=True)
+        (run_dir(profile) / f"edge-server-{old['port']}.pid").unlink(missing_ok=True)
     keep = {k: candidate[k] for k in ("version", "port", "pid", "engine", "package")}
-    _write_state(profile, {"current": keep, "previous": old and {k: old[k] for k in keep if k in old}})
+    write_state(profile, {"current": keep, "previous": old and {k: old[k] for k in keep if k in old}})
     return {"switched_from": old and old.get("version"), "drained": drained, "update_lock_waited_s": round(waited, 1)}
 
 
@@ -365,7 +370,7 @@ def already_serving(profile: Profile, version: str, package: Path) -> dict | Non
     if current.get("version") != version or Path(current.get("package", "")) != Path(package):
         return None
     try:
-        upstream = httpx.get(_control_url(profile), timeout=2).json().get("upstream")
+        upstream = httpx.get(control_url(profile), timeout=2).json().get("upstream")
         if upstream != current.get("port"):
             return None
         health = httpx.get(f"http://127.0.0.1:{current['port']}/health", timeout=profile.deploy.health_timeout_s,

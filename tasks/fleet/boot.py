@@ -56,14 +56,6 @@ def boot_profile(profile_path: str) -> Profile:
     return device_profile(load_profile(profile_path), load_device())
 
 
-def point_proxy(profile: Profile, port: int) -> None:
-    """Point the stable port's proxy at the server on side port `port` (the proxy persists it across restarts)."""
-    from tasks.deploy import _control_url
-
-    r = httpx.put(_control_url(profile), json={"upstream": port}, timeout=5)
-    r.raise_for_status()
-
-
 def boot_time() -> float | None:
     """When this machine booted (epoch seconds, /proc/stat btime), or None where unknown."""
     try:
@@ -81,10 +73,10 @@ def forget_stale_pidfiles(profile: Profile) -> list[str]:
     After a reboot a recorded pid may belong to an unrelated process; start_server (and stop_device) signal a pid
     file's process group, so a pid file from before the boot must not survive it. Returns what was removed.
     """
-    from tasks.deploy import _run_dir
+    from tasks.deploy import run_dir
     from tasks.processes import alive, read_pid
 
-    run = _run_dir(profile)
+    run = run_dir(profile)
     booted = boot_time()
     removed = []
     for pf in sorted(run.glob("edge-*.pid")) if run.exists() else []:
@@ -137,12 +129,12 @@ def check_files(profile: Profile, current: dict) -> tuple[Path, Path]:
 
 def _wait_for_proxy(profile: Profile, seconds: float) -> None:
     """Give a proxy another supervisor starts (systemd's edgeflow-edge-proxy) up to `seconds` to answer."""
-    from tasks.deploy import _control_url
+    from tasks.deploy import control_url
 
     deadline = time.time() + seconds
     while time.time() < deadline:
         try:
-            httpx.get(_control_url(profile), timeout=2)
+            httpx.get(control_url(profile), timeout=2)
             return
         except httpx.HTTPError:
             time.sleep(0.5)
@@ -150,8 +142,8 @@ def _wait_for_proxy(profile: Profile, seconds: float) -> None:
 
 def boot(profile: Profile, wait_proxy_s: float = 0) -> str:
     """Serve state.json's current version again (module docstring); returns what was done, raises BootError."""
-    from tasks.deploy import (_run_dir, _write_state, already_serving, client_headers, device_dir, ensure_proxy,
-                              public_url, read_state, smoke_chat, start_server, wait_healthy)
+    from tasks.deploy import (already_serving, client_headers, device_dir, ensure_proxy, point_proxy, public_url,
+                              read_state, run_dir, smoke_chat, start_server, wait_healthy, write_state)
     from tasks.processes import stop_group
 
     try:
@@ -191,11 +183,11 @@ def boot(profile: Profile, wait_proxy_s: float = 0) -> str:
         smoke_chat(public_url(profile), profile.registry.model_name, profile.deploy.smoke_prompt, headers=headers)
     except (RuntimeError, TimeoutError, httpx.HTTPError) as e:
         stop_group(pid)
-        (_run_dir(profile) / f"edge-server-{port}.pid").unlink(missing_ok=True)
+        (run_dir(profile) / f"edge-server-{port}.pid").unlink(missing_ok=True)
         raise BootError(f"version {version} did not come back on port {port}: {e}; see {log}", EXIT_FAILED) from None
     state = read_state(profile)  # as written by the deploy; only the pid changed
     state["current"] = state["current"] | {"pid": pid}
-    _write_state(profile, state)
+    write_state(profile, state)
     return f"started version {version} on port {port} (pid {pid}), behind {public_url(profile)}"
 
 

@@ -30,7 +30,7 @@ class ProbeResult(BaseModel):
     gate_agreement: float = Field(description="The gate engine's agreement with the FP reference on the same prompts (0..1).")
     same_as_gate: float = Field(description="Share of answers identical to the gate engine's continuation.")
     tolerance: float = Field(description="rollout.probe_tolerance applied.")
-    passed: bool = Field(description="agreement >= gate_agreement - tolerance.")
+    passed: bool = Field(description="agreement >= gate_agreement - tolerance, and same_as_gate >= rollout.min_same_as_gate when set.")
     reason: str = Field(description="The verdict in one line, with the numbers.")
 
 
@@ -106,13 +106,15 @@ def run_probe(profile: Profile, version: str, device: str | None = None) -> Prob
             agree.append(common_prefix_share(text, fp_text))
             gate_agree.append(common_prefix_share(gate_text, fp_text))
             same += text == gate_text
-    tol = profile.rollout.probe_tolerance
-    a, g = sum(agree) / max(n, 1), sum(gate_agree) / max(n, 1)
-    passed = n > 0 and a >= g - tol
-    verdict = "within" if passed else "BELOW"
-    reason = (f"probe on {device or 'this device'}: agreement with the FP reference {a:.3f} over {n} gate prompts, {verdict} "
-              f"the gate's {g:.3f} - tolerance {tol} ({same}/{n} answers identical to the gate engine's)")
+    tol, min_same = profile.rollout.probe_tolerance, profile.rollout.min_same_as_gate
+    a, g, share = sum(agree) / max(n, 1), sum(gate_agree) / max(n, 1), same / max(n, 1)
+    within = n > 0 and a >= g - tol
+    same_ok = min_same is None or share >= min_same
+    passed = within and same_ok
+    reason = (f"probe on {device or 'this device'}: agreement with the FP reference {a:.3f} over {n} gate prompts, "
+              f"{'within' if within else 'BELOW'} the gate's {g:.3f} - tolerance {tol}; {same}/{n} answers identical to "
+              f"the gate engine's" + ("" if min_same is None else f" ({'>=' if same_ok else 'BELOW'} rollout.min_same_as_gate={min_same})"))
     return ProbeResult(device=device, version=str(version), served_version=served_version, prompts=n, agreement=round(a, 4),
-                       gate_agreement=round(g, 4), same_as_gate=round(same / max(n, 1), 4), tolerance=tol, passed=passed,
+                       gate_agreement=round(g, 4), same_as_gate=round(share, 4), tolerance=tol, passed=passed,
                        reason=reason)
 

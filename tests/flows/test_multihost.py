@@ -28,6 +28,12 @@ REPO = Path(__file__).resolve().parents[2]
 # Outside the checkout: a clone may sit under a directory other users cannot enter (/root). /var/tmp is 1777.
 BASE = Path(os.environ.get("EDGEFLOW_TEST_HOSTS_DIR", "/var/tmp/edgeflow-hosts"))
 HOSTS = ("a100", "orin", "cpu")
+# The orin host is fleet device orin-a, which also builds and gates engines (the pool's default queue); the fleet tests
+# add orin-b, a second device host with its own ports.
+DEVICES = {"orin": {"id": "orin-a", "pool": "orin", "build_queue": True, "tags": {"site": "lab", "ring": "canary"}}}
+DEVICE_B = {"id": "orin-b", "pool": "orin", "tags": {"site": "lab", "ring": "main"},
+            "deploy": {"port": 8785, "side_ports": [8786, 8787]}}
+PROMETHEUS_PORT = os.environ.get("EDGEFLOW_TEST_MH_PROMETHEUS_PORT", "9291")
 GROUP = "edgeflow-hosts"
 PROFILE = "configs/test-multihost.yaml"
 PREFECT_PORT, MLFLOW_PORT = os.environ.get("EDGEFLOW_TEST_MH_PREFECT_PORT", "4330"), os.environ.get("EDGEFLOW_TEST_MH_MLFLOW_PORT", "5085")
@@ -61,11 +67,16 @@ def _copy_checkout(dest: Path) -> None:
 
 
 class Host:
-    """One simulated host: a Linux user, its home (0700), checkout, EDGEFLOW_HOME and worker."""
+    """One simulated host: a Linux user, its home (0700), checkout, EDGEFLOW_HOME and worker.
 
-    def __init__(self, pool: str, svc: dict[str, str], results: Path):
-        self.pool, self.name = pool, user(pool)
-        self.home = BASE / pool
+    An `orin` host is a fleet device: its EDGEFLOW_HOME holds device.yaml and its worker is the device worker
+    (python -m tasks.fleet worker: register, then poll its own queue device-<id>, and the pool's default queue
+    when the device also builds and gates engines)."""
+
+    def __init__(self, key: str, svc: dict[str, str], results: Path, pool: str | None = None, device: dict | None = None):
+        self.key, self.pool, self.name = key, pool or key, user(key)
+        self.device = device
+        self.home = BASE / key
         self.checkout, self.edgeflow_home = self.home / "checkout", self.home / "edgeflow"
         self.uid, self.gid = _ensure_user(self.name, self.home)
         self.env = {
@@ -91,12 +102,20 @@ class Host:
     def as_user(self, *cmd: str) -> subprocess.CompletedProcess:
         return _run(*self._enter(*cmd), env=self.env)
 
+    def write_device_config(self) -> None:
+        import yaml
+
+        path = self.edgeflow_home / "device.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(self.device))
+        _run("chown", "-R", f"{self.name}:{self.name}", str(self.edgeflow_home), check=True)
+
     def start_worker(self) -> None:
-        log = open(BASE / "logs" / f"worker-{self.pool}.log", "ab")
+        log = open(BASE / "logs" / f"worker-{self.key}.log", "ab")
+        cmd = ([sys.executable, "-m", "tasks.fleet", "worker", "--profile", PROFILE] if self.device else
+               [str(Path(sys.executable).parent / "prefect"), "worker", "start", "--pool", self.pool, "--name", f"host-{self.pool}"])
         self.proc = subprocess.Popen(
-            self._enter(str(Path(sys.executable).parent / "prefect"), "worker", "start", "--pool", self.pool,
-                        "--name", f"host-{self.pool}"),
-            env=self.env, cwd=self.checkout, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            self._enter(*cmd), env=self.env, cwd=self.checkout, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
 
     def kill(self) -> None:
@@ -158,7 +177,7 @@ def hosts(teacher_dir):
     sys.path.insert(0, str(REPO / "scripts"))
     from services import service_env
 
-    for pool in HOSTS:  # a previous session's workers and servers, if any
+    for pool in (*HOSTS, "orin2"):  # a previous session's workers and servers, if any
         _run("pkill", "-KILL", "-u", user(pool))
     servers_env = {"EDGEFLOW_HOME": str(BASE / "servers"), "EDGEFLOW_PREFECT_PORT": PREFECT_PORT,
                    "EDGEFLOW_MLFLOW_PORT": MLFLOW_PORT, "EDGEFLOW_SCHEDULES": "off", "EDGEFLOW_WORKERS": "off",
@@ -187,7 +206,7 @@ def hosts(teacher_dir):
 
 
 def _hosts(svc: dict, results: Path, servers_env: dict, saved: dict):
-    hosts = {pool: Host(pool, svc, results) for pool in HOSTS}
+    hosts = {pool: Host(pool, svc, results, device=DEVICES.get(pool)) for pool in HOSTS}
     a100 = hosts["a100"]
     for h in hosts.values():
         h.home.mkdir(mode=0o700)
@@ -205,6 +224,8 @@ def _hosts(svc: dict, results: Path, servers_env: dict, saved: dict):
     shutil.copytree(converted(src_profile), work / "models" / converted(src_profile).name)
     for h in hosts.values():
         _run("chown", "-R", f"{h.name}:{h.name}", str(h.home), check=True)
+        if h.device:
+            h.write_device_config()
         h.start_worker()
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not all(_online_workers(p) for p in HOSTS):
@@ -369,6 +390,231 @@ def test_a_stage_killed_mid_build_resumes_on_retry_without_rerunning_upstream_st
     versions = c.search_model_versions("name = 'edgeflow-multihost-retry'")
     assert sorted(v.tags["edgeflow.variant"] for v in versions) == sorted(set(v.tags["edgeflow.variant"] for v in versions))
     assert {v.tags["edgeflow.release_id"] for v in versions} == {release_id}
+
+
+# --------------------------------------------------------------------------------------------
+# The fleet: two devices (orin-a, the orin host; orin-b, a fourth Linux user), a real Prometheus scraping both
+# --------------------------------------------------------------------------------------------
+
+
+class Load:
+    """Steady client traffic on every device's stable port (one request in flight per device), bounded in count."""
+
+    def __init__(self, urls: dict[str, str], model: str, limit: int = 3000):
+        import threading
+
+        self.urls, self.model, self.limit = urls, model, limit
+        self.stop_event = threading.Event()
+        self.results: dict[str, list[str]] = {d: [] for d in urls}
+        self.threads = [threading.Thread(target=self._run, args=(d,), daemon=True) for d in urls]
+
+    def _run(self, device: str) -> None:
+        import httpx
+
+        with httpx.Client(timeout=60) as client:  # keep-alive: a connection outlives the switch
+            while not self.stop_event.is_set() and len(self.results[device]) < self.limit:
+                try:
+                    r = client.post(f"{self.urls[device]}/v1/chat/completions", json={
+                        "model": self.model, "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 4})
+                    self.results[device].append(str(r.status_code))
+                except Exception as e:  # noqa: BLE001 - every failure is counted, none hidden
+                    self.results[device].append(f"{type(e).__name__}: {e}")
+                time.sleep(0.05)
+
+    def __enter__(self) -> "Load":
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_event.set()
+        for t in self.threads:
+            t.join(timeout=90)
+
+    def failures(self) -> dict[str, list[str]]:
+        return {d: [x for x in rs if x != "200"] for d, rs in self.results.items()}
+
+
+@pytest.fixture(scope="module")
+def fleet(hosts):
+    """orin-b joins (its own user, checkout, ports and device worker); Prometheus scrapes both devices by the inventory's
+    file_sd targets, every second."""
+    orin = hosts["orin"]
+    svc = {k: orin.env[k] for k in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PREFECT_FLOWS_HEARTBEAT_FREQUENCY")}
+    b = Host("orin2", svc, BASE / "results", pool="orin", device=DEVICE_B)
+    b.home.mkdir(mode=0o700)
+    _copy_checkout(b.checkout)
+    _run("chown", "-R", f"{b.name}:{b.name}", str(b.home), check=True)
+    b.write_device_config()
+    b.start_worker()
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and "device-orin-b" not in _online_workers("orin"):
+        time.sleep(2)
+    assert "device-orin-b" in _online_workers("orin"), (BASE / "logs" / "worker-orin2.log").read_text()[-1500:]
+
+    prom = BASE / "prometheus"
+    prom.mkdir()
+    targets = prom / "devices.json"
+    subprocess.run([sys.executable, "-m", "tasks.fleet", "targets", "--pool", "orin", "--out", str(targets)], cwd=REPO,
+                   env=os.environ, check=True)
+    (prom / "prometheus.yml").write_text(json.dumps({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [{"job_name": "edgeflow-edge", "metrics_path": "/metrics",
+                            "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}]}))
+    proc = subprocess.Popen(["prometheus", f"--config.file={prom / 'prometheus.yml'}", f"--storage.tsdb.path={prom / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}"],
+                            stdout=open(prom / "prometheus.log", "w"), stderr=subprocess.STDOUT)
+    import httpx
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{PROMETHEUS_PORT}/-/ready", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    yield {"orin-a": orin, "orin-b": b, "prometheus": f"http://127.0.0.1:{PROMETHEUS_PORT}", "targets": targets}
+    proc.terminate()
+    proc.wait(30)
+    b.stop()
+
+
+def _fingerprint(port: int, model: str) -> str:
+    """The version a device's stable port serves, as its answers say (system_fingerprint = the registered version)."""
+    import httpx
+
+    r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
+        "model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    return r.json()["system_fingerprint"]
+
+
+def _deployments(c, device: str) -> list:
+    exp = c.get_experiment_by_name("edgeflow-deployments")
+    return c.search_runs([exp.experiment_id], f"tags.`edgeflow.device_id` = '{device}'", order_by=["attributes.start_time DESC"])
+
+
+PORTS = {"orin-a": 8775, "orin-b": DEVICE_B["deploy"]["port"]}
+
+
+def test_devices_register_with_their_facts_and_a_targeted_deploy_runs_on_the_named_device(fleet):
+    import psutil
+    from mlflow import MlflowClient
+    from prefect.deployments import run_deployment
+
+    from tasks.fleet.inventory import read_inventory
+
+    c = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    staging = c.get_model_version_by_alias("edgeflow-multihost", "staging").version
+    records = {r.id: r for r in read_inventory("orin")}
+    assert sorted(records) == ["orin-a", "orin-b"]
+    a, b = records["orin-a"], records["orin-b"]
+    assert (a.queue, b.queue) == ("device-orin-a", "device-orin-b") and a.tags["ring"] == "canary"
+    assert a.facts["mem_total_mb"] and "sku" in a.tags  # detected, merged into the tags rollouts target
+    assert a.serving.version == staging and a.serving.healthy  # the release deployed staging on orin-a
+    assert b.serving.version is None and b.metrics_target == "127.0.0.1:8785"
+    listing = subprocess.run([sys.executable, "-m", "tasks.fleet", "list", "--pool", "orin"], cwd=REPO, env=os.environ,
+                             capture_output=True, text=True, check=True).stdout
+    rows = {line.split()[0]: line for line in listing.splitlines()[1:]}
+    assert "device-orin-b" in rows["orin-b"] and "online" in rows["orin-b"] and f"v{staging}" in rows["orin-a"]
+
+    # a deploy sent to orin-b's queue runs there: its worker, its ports, its install dir, its name on the record
+    fr = run_deployment("deploy-edge/deploy-edge", parameters={"profile": PROFILE, "alias": "staging"},
+                        work_queue_name="device-orin-b", timeout=900)
+    assert fr.state.is_completed(), fr.state.message
+    assert fr.work_queue_name == "device-orin-b"
+    listeners = [cn for cn in psutil.net_connections("tcp") if cn.laddr.port == 8785 and cn.status == "LISTEN"]
+    assert {psutil.Process(cn.pid).username() for cn in listeners} == {user("orin2")}
+    assert _fingerprint(8785, "edgeflow-multihost") == staging
+    [record, *_] = _deployments(c, "orin-b")
+    assert record.data.tags["edgeflow.version"] == staging and record.info.status == "FINISHED"
+    assert record.data.tags["edgeflow.device_dir"].startswith(str(fleet["orin-b"].checkout))
+    assert read_inventory("orin")[1].serving.version == staging  # the record now says what orin-b serves
+
+    # both serve staging: make it production (the checked promotion: gate passed, deployed)
+    fr = run_deployment("promote/promote", timeout=600, parameters={"profile": PROFILE, "version": staging, "to": "production"})
+    assert fr.state.is_completed(), fr.state.message
+
+
+def _rollout_waves(flow_run_id) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    async def read():
+        async with get_client() as client:
+            parent_tasks = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
+            return parent_tasks
+
+    return sorted(r.name for r in asyncio.run(read()) if r.name.startswith("wave "))
+
+
+def test_a_good_candidate_goes_canary_first_then_the_rest_and_production_moves(fleet):
+    from mlflow import MlflowClient
+    from prefect.deployments import run_deployment
+
+    c = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    production = c.get_model_version_by_alias("edgeflow-multihost", "production").version
+    candidate = next(v.version for v in c.search_model_versions("name = 'edgeflow-multihost'") if v.version != production)
+    with Load({d: f"http://127.0.0.1:{p}" for d, p in PORTS.items()}, "edgeflow-multihost") as load:
+        fr = run_deployment("rollout/rollout", parameters={"profile": PROFILE, "version": candidate}, timeout=1800)
+    assert fr.state.is_completed(), fr.state.message
+    state = fr.state.result()
+    assert [w["devices"] for w in state["waves"]] == [["orin-a"], ["orin-b"]]  # the canary, then the rest
+    assert [w["status"] for w in state["waves"]] == ["passed", "passed"] and state["status"] == "completed"
+    for w in state["waves"]:
+        [probe] = w["probes"]
+        assert probe["passed"] and probe["prompts"] == 6 and probe["agreement"] >= probe["gate_agreement"] - probe["tolerance"]
+        assert probe["same_as_gate"] == 1.0  # the device answers exactly as the gate engine did
+        [figures] = w["watch"]["wave"]
+        assert figures["scraped"] and figures["requests"] >= 3 and figures["errors_5xx"] == 0
+    assert state["waves"][0]["watch"]["baseline"]["device"] == "orin-b"  # the canary was compared with the old version
+    assert c.get_model_version_by_alias("edgeflow-multihost", "production").version == candidate
+    assert {d: _fingerprint(p, "edgeflow-multihost") for d, p in PORTS.items()} == {"orin-a": candidate, "orin-b": candidate}
+    assert load.failures() == {"orin-a": [], "orin-b": []} and all(len(r) >= 5 for r in load.results.values())
+    # the Prefect UI shows each wave as a subflow run named by its devices
+    assert _rollout_waves(fr.id) == ["wave 0: ['orin-a']", "wave 1: ['orin-b']"]
+    rollouts = c.search_runs([c.get_experiment_by_name("edgeflow-rollouts").experiment_id],
+                             f"tags.`edgeflow.prefect_flow_run_id` = '{fr.id}'")
+    assert rollouts[0].data.tags["edgeflow.rollout_status"] == "completed" and rollouts[0].info.status == "FINISHED"
+
+
+def test_a_candidate_that_degrades_on_the_device_stops_at_the_canary_and_rolls_back(fleet):
+    """The version passed the gate and every registry check; on orin-a it answers wrongly (the server's chaos flag,
+    set for that version in the device's own config). The canary's probe catches it: orin-a is rolled back, orin-b is
+    never touched, `production` does not move, and no client request fails on either device."""
+    from mlflow import MlflowClient
+    from prefect.deployments import run_deployment
+
+    c = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    production = c.get_model_version_by_alias("edgeflow-multihost", "production").version
+    bad = next(v.version for v in c.search_model_versions("name = 'edgeflow-multihost'") if v.version != production)
+    a = fleet["orin-a"]
+    a.device = DEVICES["orin"] | {"faults": {bad: {"fault_corrupt_every": 1}}}
+    a.write_device_config()
+    try:
+        with Load({d: f"http://127.0.0.1:{p}" for d, p in PORTS.items()}, "edgeflow-multihost") as load:
+            fr = run_deployment("rollout/rollout", parameters={"profile": PROFILE, "version": bad}, timeout=1800)
+    finally:
+        a.device = DEVICES["orin"]
+        a.write_device_config()
+    assert fr.state.is_failed()
+    msg = fr.state.message
+    assert "wave 0 breached: orin-a: probe on orin-a: agreement with the FP reference" in msg and "BELOW" in msg, msg
+    assert f"rolled back: orin-a -> {production}" in msg and f"production unchanged (v{production})" in msg, msg
+    assert c.get_model_version_by_alias("edgeflow-multihost", "production").version == production
+    assert {d: _fingerprint(p, "edgeflow-multihost") for d, p in PORTS.items()} == {"orin-a": production, "orin-b": production}
+    assert load.failures() == {"orin-a": [], "orin-b": []} and all(len(r) >= 5 for r in load.results.values())
+    # the records: orin-a ran the bad version, then was rolled back, saying why; orin-b was not deployed to
+    back, switched, *_ = _deployments(c, "orin-a")
+    assert (switched.data.tags["edgeflow.version"], switched.info.status) == (bad, "FINISHED")
+    assert back.data.tags["edgeflow.version"] == production and back.info.status == "FINISHED"
+    assert back.data.tags["edgeflow.reason"].startswith(f"rollback of v{bad} after wave 0: orin-a: probe on orin-a")
+    assert all(r.data.tags["edgeflow.version"] != bad for r in _deployments(c, "orin-b"))
+    [rollout] = c.search_runs([c.get_experiment_by_name("edgeflow-rollouts").experiment_id],
+                              f"tags.`edgeflow.prefect_flow_run_id` = '{fr.id}'")
+    assert rollout.data.tags["edgeflow.rollout_status"] == "rolled_back" and rollout.info.status == "FAILED"
+    assert _rollout_waves(fr.id) == ["wave 0: ['orin-a']"]
 
 
 def test_a_worker_with_other_code_refuses_the_stage_naming_both_versions(hosts):

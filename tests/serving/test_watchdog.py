@@ -158,3 +158,19 @@ def test_supervisor_gives_up_after_max_restarts(tmp_path):
 def test_supervisor_usage_errors(argv):
     r = subprocess.run([sys.executable, "-m", "serving.supervisor", *argv], capture_output=True, text=True)
     assert r.returncode == 2 and ("no command" in r.stderr or "--max-restarts must be" in r.stderr)
+
+
+def test_corrupt_tokens_chaos_changes_answers_while_requests_succeed(engine_dir):
+    """fault_corrupt_every: the degraded-on-device case the rollout probe must catch (requests and /health still 200)."""
+    from tests.live_server import LiveServer
+
+    body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
+    answers = {}
+    for every in (None, 1):
+        with LiveServer(engine_dir, model_name=MODEL, fault_corrupt_every=every) as s:
+            assert httpx.get(f"{s.url}/health", timeout=30).status_code == 200
+            r = httpx.post(f"{s.url}/v1/completions", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            answers[every] = (r.json()["choices"][0]["text"], r.json()["usage"]["completion_tokens"])
+    (clean, n_clean), (bad, n_bad) = answers[None], answers[1]
+    assert n_clean >= 1 and n_bad >= 1 and bad != clean
