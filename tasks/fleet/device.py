@@ -52,6 +52,11 @@ class DeviceConfig(BaseModel):
         description="Chaos testing only: edge-server fault flags per served version on this device, e.g. "
         "{'7': {fault_corrupt_every: 2}} (serving/app.py ServerSettings fault_*). Never set in production.",
     )
+    ship_logs_cron: str | None = Field(
+        default="15 * * * *", description="When this device ships its access-log segments (cron, UTC; its own "
+        "ship-logs-<id> deployment). Hourly at :15: the nightly at 02:30 sees every segment cut before 02:15. "
+        "None: the deployment has no schedule (run it by hand or from a flow).",
+    )
     deploy: dict = Field(
         default_factory=dict,
         description="Overrides of the profile's `deploy` block on this device (port, side_ports, install_dir, host, "

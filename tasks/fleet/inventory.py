@@ -112,6 +112,35 @@ def register(profile: Profile, device: DeviceConfig) -> DeviceRecord:
     return record
 
 
+SHIP_LOGS_TEMPLATE = "ship-logs/ship-logs"
+
+
+def ensure_ship_logs(device: DeviceConfig, profile_path: str) -> str:
+    """This device's own scheduled ship-logs deployment (ship-logs-<id>, on its queue), copied from the
+    `ship-logs` deployment of prefect.yaml; returns what was done. Without the template (prefect.yaml not deployed
+    yet) nothing is created, and it says so."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import DeploymentScheduleCreate
+    from prefect.client.schemas.schedules import CronSchedule
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            base = client.read_deployment_by_name(SHIP_LOGS_TEMPLATE)
+        except ObjectNotFound:
+            return f"no {SHIP_LOGS_TEMPLATE} deployment to copy (run `prefect deploy --all`); logs are not shipped on a schedule"
+        name = f"ship-logs-{device.id}"
+        client.create_deployment(  # an upsert: the same name again updates it
+            flow_id=base.flow_id, name=name, work_pool_name=device.pool, work_queue_name=device.queue,
+            entrypoint=base.entrypoint, path=base.path, pull_steps=base.pull_steps, job_variables=base.job_variables,
+            parameters=base.parameters | {"profile": profile_path}, parameter_openapi_schema=base.parameter_openapi_schema,
+            enforce_parameter_schema=True, description=f"{base.description} (device {device.id})",
+            schedules=[DeploymentScheduleCreate(schedule=CronSchedule(cron=device.ship_logs_cron, timezone="UTC"), active=True)]
+            if device.ship_logs_cron else [],
+        )
+    return f"ship-logs/{name} on {device.queue}, " + (f"cron {device.ship_logs_cron!r} UTC" if device.ship_logs_cron else "no schedule")
+
+
 def update_serving(profile: Profile, device: DeviceConfig) -> DeviceRecord | None:
     """Refresh what a registered device serves (deploy-edge calls it after every attempt); None if not registered."""
     from prefect.variables import Variable

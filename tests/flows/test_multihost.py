@@ -30,8 +30,10 @@ BASE = Path(os.environ.get("EDGEFLOW_TEST_HOSTS_DIR", "/var/tmp/edgeflow-hosts")
 HOSTS = ("a100", "orin", "cpu")
 # The orin host is fleet device orin-a, which also builds and gates engines (the pool's default queue); the fleet tests
 # add orin-b, a second device host with its own ports.
-DEVICES = {"orin": {"id": "orin-a", "pool": "orin", "build_queue": True, "tags": {"site": "lab", "ring": "canary"}}}
-DEVICE_B = {"id": "orin-b", "pool": "orin", "tags": {"site": "lab", "ring": "main"},
+# No ship-logs schedule: the tests start every run themselves.
+DEVICES = {"orin": {"id": "orin-a", "pool": "orin", "build_queue": True, "tags": {"site": "lab", "ring": "canary"},
+                    "ship_logs_cron": None}}
+DEVICE_B = {"id": "orin-b", "pool": "orin", "tags": {"site": "lab", "ring": "main"}, "ship_logs_cron": None,
             "deploy": {"port": 8785, "side_ports": [8786, 8787]}}
 PROMETHEUS_PORT = os.environ.get("EDGEFLOW_TEST_MH_PROMETHEUS_PORT", "9291")
 GROUP = "edgeflow-hosts"
