@@ -412,6 +412,10 @@ class DeployConfig(_Strict):
     install_dir: str = Field(default=".edgeflow/device", description="Versioned model directories and logs on the device.")
     health_timeout_s: float = Field(default=180, gt=0, description="Give up waiting for /health after this long.")
     smoke_prompt: str = Field(default="What is the capital of France?", description="Chat request sent after the deploy.")
+    access_log_rotate_s: float = Field(
+        default=3600, ge=0, description="The edge servers cut their access log into a segment this often (and at "
+        "64 MiB), so ship-logs has hourly segments to take home even from a quiet device; 0: on size only.",
+    )
     update_lock_max_in_flight: int = Field(
         default=4, ge=0,
         description="Update lock: a switch waits while the serving version has more requests in flight than this (a "

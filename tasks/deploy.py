@@ -229,6 +229,7 @@ def start_server(profile: Profile, engine_dir: Path, version: str, port: int) ->
         "--model-name", profile.registry.model_name,
         "--engine-version", version,
         "--access-log", str(access_log),
+        "--access-log-rotate-s", str(profile.deploy.access_log_rotate_s),
         *(["--api-key-file", str(Path(profile.deploy.api_key_file).resolve())] if profile.deploy.api_key_file else []),
         "--auth-probes", "true" if profile.deploy.auth_probes else "false",
         *[arg for flag, value in sorted(faults.items()) for arg in ("--" + flag.replace("_", "-"), str(value))],

@@ -31,10 +31,11 @@ HOSTS = ("a100", "orin", "cpu")
 # The orin host is fleet device orin-a, which also builds and gates engines (the pool's default queue); the fleet tests
 # add orin-b, a second device host with its own ports.
 # No ship-logs schedule: the tests start every run themselves.
+# Access logs cut into segments every 5 s, so the logs test has segments to ship.
 DEVICES = {"orin": {"id": "orin-a", "pool": "orin", "build_queue": True, "tags": {"site": "lab", "ring": "canary"},
-                    "ship_logs_cron": None}}
+                    "ship_logs_cron": None, "deploy": {"access_log_rotate_s": 5}}}
 DEVICE_B = {"id": "orin-b", "pool": "orin", "tags": {"site": "lab", "ring": "main"}, "ship_logs_cron": None,
-            "deploy": {"port": 8785, "side_ports": [8786, 8787]}}
+            "deploy": {"port": 8785, "side_ports": [8786, 8787], "access_log_rotate_s": 5}}
 PROMETHEUS_PORT = os.environ.get("EDGEFLOW_TEST_MH_PROMETHEUS_PORT", "9291")
 GROUP = "edgeflow-hosts"
 PROFILE = "configs/test-multihost.yaml"
@@ -102,7 +103,7 @@ class Host:
                 str(self.uid), str(self.gid), *cmd]
 
     def as_user(self, *cmd: str) -> subprocess.CompletedProcess:
-        return _run(*self._enter(*cmd), env=self.env)
+        return _run(*self._enter(*cmd), env=self.env, cwd=self.checkout)
 
     def write_device_config(self) -> None:
         import yaml
@@ -442,6 +443,11 @@ def fleet(hosts):
     """orin-b joins (its own user, checkout, ports and device worker); Prometheus scrapes both devices by the inventory's
     file_sd targets, every second."""
     orin = hosts["orin"]
+    # The kill -9 test took orin-a's edge servers down with its worker: the device's boot command (what
+    # edgeflow-edge-server.service runs) serves its current version again, then the device re-registers.
+    for cmd in (["-m", "tasks.fleet.boot", "--profile", PROFILE], ["-m", "tasks.fleet", "register", "--profile", PROFILE]):
+        r = orin.as_user(sys.executable, *cmd)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     svc = {k: orin.env[k] for k in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PREFECT_FLOWS_HEARTBEAT_FREQUENCY")}
     b = Host("orin2", svc, BASE / "results", pool="orin", device=DEVICE_B)
     b.home.mkdir(mode=0o700)
@@ -475,7 +481,8 @@ def fleet(hosts):
                 break
         except httpx.HTTPError:
             time.sleep(0.5)
-    yield {"orin-a": orin, "orin-b": b, "prometheus": f"http://127.0.0.1:{PROMETHEUS_PORT}", "targets": targets}
+    yield {"orin-a": orin, "orin-b": b, "cpu": hosts["cpu"], "prometheus": f"http://127.0.0.1:{PROMETHEUS_PORT}",
+           "targets": targets}
     proc.terminate()
     proc.wait(30)
     b.stop()
@@ -533,10 +540,6 @@ def test_devices_register_with_their_facts_and_a_targeted_deploy_runs_on_the_nam
     assert record.data.tags["edgeflow.device_dir"].startswith(str(fleet["orin-b"].checkout))
     assert read_inventory("orin")[1].serving.version == staging  # the record now says what orin-b serves
 
-    # both serve staging: make it production (the checked promotion: gate passed, deployed)
-    fr = run_deployment("promote/promote", timeout=600, parameters={"profile": PROFILE, "version": staging, "to": "production"})
-    assert fr.state.is_completed(), fr.state.message
-
 
 def _rollout_waves(flow_run_id) -> list[str]:
     from prefect.client.orchestration import get_client
@@ -556,8 +559,8 @@ def test_a_good_candidate_goes_canary_first_then_the_rest_and_production_moves(f
     from prefect.deployments import run_deployment
 
     c = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
-    production = c.get_model_version_by_alias("edgeflow-multihost", "production").version
-    candidate = next(v.version for v in c.search_model_versions("name = 'edgeflow-multihost'") if v.version != production)
+    serving = c.get_model_version_by_alias("edgeflow-multihost", "staging").version  # on both devices, not yet production
+    candidate = next(v.version for v in c.search_model_versions("name = 'edgeflow-multihost'") if v.version != serving)
     with Load({d: f"http://127.0.0.1:{p}" for d, p in PORTS.items()}, "edgeflow-multihost") as load:
         fr = run_deployment("rollout/rollout", parameters={"profile": PROFILE, "version": candidate}, timeout=1800)
     assert fr.state.is_completed(), fr.state.message
@@ -617,6 +620,43 @@ def test_a_candidate_that_degrades_on_the_device_stops_at_the_canary_and_rolls_b
                               f"tags.`edgeflow.prefect_flow_run_id` = '{fr.id}'")
     assert rollout.data.tags["edgeflow.rollout_status"] == "rolled_back" and rollout.info.status == "FAILED"
     assert _rollout_waves(fr.id) == ["wave 0: ['orin-a']"]
+
+
+def test_both_devices_ship_their_logs_and_the_nightly_counts_each_devices_lines(fleet):
+    """The rollouts' client traffic is in each device's access log, cut into segments every 5 s. Each device's own
+    ship-logs deployment (created by its worker, on its queue) takes them home; a second run ships nothing twice; the
+    nightly reads the shipped segments from the store and counts each device's lines."""
+    import yaml
+    from prefect.deployments import run_deployment
+
+    time.sleep(6)  # the segment timer cuts the lines of the last test
+    shipped = {}
+    for device in ("orin-a", "orin-b"):
+        fr = run_deployment(f"ship-logs/ship-logs-{device}", timeout=600)
+        assert fr.state.is_completed(), fr.state.message
+        assert fr.work_queue_name == f"device-{device}"
+        report = fr.state.result()
+        assert report["device_id"] == device and report["lines"] > 0 and report["uploaded"], report
+        shipped[device] = report["lines"]
+        again = run_deployment(f"ship-logs/ship-logs-{device}", timeout=600).state.result()
+        assert sum(e["lines"] for e in again["uploaded"]) == again["lines"]  # only segments cut since, never the same one
+        assert not set(e["sha256"] for e in again["uploaded"]) & set(e["sha256"] for e in report["uploaded"])
+        shipped[device] += again["lines"]
+
+    # the nightly over the store: more records wanted than were shipped, so it counts, reports and skips
+    data = yaml.safe_load((REPO / PROFILE).read_text())
+    data["name"] = "test-multihost-nightly"
+    data["nightly"] = {"min_records": 1_000_000, "base_alias": "production"}
+    rel = "configs/test-multihost-nightly.yaml"
+    cpu = fleet["cpu"]
+    (cpu.checkout / rel).write_text(yaml.safe_dump(data))
+    os.chown(cpu.checkout / rel, cpu.uid, cpu.gid)
+    fr = run_deployment("nightly-recalibration/nightly-recalibration", timeout=900,
+                        parameters={"profile": rel, "deploy": "none"})
+    assert fr.state.is_completed(), fr.state.message
+    night = fr.state.result()
+    assert night["status"] == "skipped", night
+    assert night["traffic"]["per_device"] == shipped, (night["traffic"], shipped)
 
 
 def test_a_worker_with_other_code_refuses_the_stage_naming_both_versions(hosts):
