@@ -110,3 +110,13 @@ def test_the_verdict_compares_the_wave_with_the_old_version_devices():
     # no old-version devices: absolute limits only
     breaches, notes = judge(cfg.model_copy(update={"max_ttft_p99_ms": 300}), [_fig("a", 100, ttft=400)], None)
     assert breaches == ["a: TTFT p99 400 ms > rollout.max_ttft_p99_ms=300 (check: TTFT p99)"] and notes
+
+
+def test_a_prometheus_that_does_not_answer_fails_the_wave_closed():
+    from tests.live_server import _free_port
+
+    from tasks.fleet.watch import WatchError, observe
+
+    cfg = RolloutConfig(prometheus_url=f"http://127.0.0.1:{_free_port()}")  # nothing listens there
+    with pytest.raises(WatchError, match=r"Prometheus at http://127.0.0.1:\d+ did not answer .*the wave fails closed"):
+        observe(cfg, ["a"], ["b"], 0.0, 60.0)
