@@ -13,7 +13,7 @@ naming each one): the same disk the log used before segments existed, however ma
 
 Each line is one write, flushed on its own: the log doubles as a record of what the deployed model was asked and
 said, and a crash must lose at most the line being written. Blue and green servers of one device share the file:
-every write and rotation holds an exclusive lock on `.access.jsonl.lock`, and a writer whose open file was rotated
+every write and rotation holds an exclusive lock on `.access.lock`, and a writer whose open file was rotated
 away by the other process reopens `access.jsonl` before writing, so no line lands in a segment after it was cut.
 """
 from __future__ import annotations
@@ -189,7 +189,7 @@ class AccessLog:
 
 def lock_path(path: Path) -> Path:
     """The lock every writer, rotation and shipper of one access log holds."""
-    return Path(path).with_name(f".{Path(path).name}.lock")
+    return Path(path).with_name(f".{Path(path).name.removesuffix('.jsonl')}.lock")  # not *.jsonl*: no log reader takes it
 
 
 @contextmanager

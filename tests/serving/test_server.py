@@ -298,7 +298,7 @@ def test_access_log_rotation(tmp_path):
     for t in threads:
         t.join()
     log.close()
-    files = sorted(f for f in tmp_path.iterdir() if not f.name.startswith("."))  # .a.jsonl.lock: the writers' lock
+    files = sorted(f for f in tmp_path.iterdir() if not f.name.startswith("."))  # .a.lock: the writers' lock
     # the active file and two immutable segments: retention keeps backups x max_bytes of unshipped segments
     assert [f.name for f in files][-1] == "a.jsonl" and len(files) == 3
     assert all(re.fullmatch(r"a-\d{8}T\d{6}Z-\d+\.jsonl", f.name) for f in files[:2]), files
