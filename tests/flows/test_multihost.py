@@ -422,7 +422,7 @@ class Load:
                     self.results[device].append(str(r.status_code))
                 except Exception as e:  # noqa: BLE001 - every failure is counted, none hidden
                     self.results[device].append(f"{type(e).__name__}: {e}")
-                time.sleep(0.05)
+                time.sleep(0.25)  # a few requests a second: steady, and leaves the 2 cores to the rollout
 
     def __enter__(self) -> "Load":
         for t in self.threads:
@@ -485,7 +485,7 @@ def fleet(hosts):
            "targets": targets}
     proc.terminate()
     proc.wait(30)
-    b.stop()
+    b.kill()
 
 
 def _fingerprint(port: int, model: str) -> str:
@@ -594,6 +594,7 @@ def test_a_candidate_that_degrades_on_the_device_stops_at_the_canary_and_rolls_b
     c = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     production = c.get_model_version_by_alias("edgeflow-multihost", "production").version
     bad = next(v.version for v in c.search_model_versions("name = 'edgeflow-multihost'") if v.version != production)
+    b_records = len(_deployments(c, "orin-b"))
     a = fleet["orin-a"]
     a.device = DEVICES["orin"] | {"faults": {bad: {"fault_corrupt_every": 1}}}
     a.write_device_config()
@@ -615,7 +616,7 @@ def test_a_candidate_that_degrades_on_the_device_stops_at_the_canary_and_rolls_b
     assert (switched.data.tags["edgeflow.version"], switched.info.status) == (bad, "FINISHED")
     assert back.data.tags["edgeflow.version"] == production and back.info.status == "FINISHED"
     assert back.data.tags["edgeflow.reason"].startswith(f"rollback of v{bad} after wave 0: orin-a: probe on orin-a")
-    assert all(r.data.tags["edgeflow.version"] != bad for r in _deployments(c, "orin-b"))
+    assert len(_deployments(c, "orin-b")) == b_records  # the rollout never reached orin-b
     [rollout] = c.search_runs([c.get_experiment_by_name("edgeflow-rollouts").experiment_id],
                               f"tags.`edgeflow.prefect_flow_run_id` = '{fr.id}'")
     assert rollout.data.tags["edgeflow.rollout_status"] == "rolled_back" and rollout.info.status == "FAILED"
