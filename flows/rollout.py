@@ -80,7 +80,7 @@ def rollout_wave(profile: str, index: int, devices: list[str], old: list[str], v
     p = load_profile(profile)
     breaches = check_online(profile, devices)
     if breaches:
-        return {"breaches": breaches, "probes": [], "watch": None}
+        return verdict_artifact(index, version, {"breaches": breaches, "probes": [], "watch": None})
     futures = {d: deploy_device.submit(profile, d, version, f"rollout wave {index}") for d in devices}
     for d, f in futures.items():
         try:
@@ -88,7 +88,7 @@ def rollout_wave(profile: str, index: int, devices: list[str], old: list[str], v
         except Exception as e:
             breaches.append(f"{d}: deploy-edge failed, the device kept its version: {e} (check: deploy)")
     if breaches:
-        return {"breaches": breaches, "probes": [], "watch": None}
+        return verdict_artifact(index, version, {"breaches": breaches, "probes": [], "watch": None})
     probes = []
     for d in devices:
         try:
@@ -97,15 +97,36 @@ def rollout_wave(profile: str, index: int, devices: list[str], old: list[str], v
             breaches.append(f"{d}: on-device probe failed: {e} (check: probe)")
     breaches += [f"{r['device']}: {r['reason']} (check: probe)" for r in probes if not r["passed"]]
     if breaches:
-        return {"breaches": breaches, "probes": probes, "watch": None}
+        return verdict_artifact(index, version, {"breaches": breaches, "probes": probes, "watch": None})
     try:
         watch = observe_window(profile, devices, old, p.rollout.observe_s)
     except Exception as e:  # Prometheus unreachable or erroring: fail closed
-        return {"breaches": [f"{', '.join(devices)}: {e} (check: Prometheus)"], "probes": probes, "watch": None}
+        return verdict_artifact(index, version, {"breaches": [f"{', '.join(devices)}: {e} (check: Prometheus)"],
+                                                 "probes": probes, "watch": None})
     breaches += watch["breaches"] + check_online(profile, devices)
     print(f"wave {index} {devices}: {'PASSED' if not breaches else 'BREACHED'}; window {watch['window']}; "
           + "; ".join(breaches + watch["notes"]))
-    return {"breaches": breaches, "probes": probes, "watch": watch}
+    return verdict_artifact(index, version, {"breaches": breaches, "probes": probes, "watch": watch})
+
+
+def verdict_artifact(index: int, version: str, verdict: dict) -> dict:
+    """The wave's verdict as a markdown artifact on its flow run (the Prefect UI's Artifacts tab); returns `verdict`."""
+    from prefect.artifacts import create_markdown_artifact
+
+    lines = [f"## wave {index}, v{version}: {'BREACHED' if verdict['breaches'] else 'passed'}", ""]
+    lines += [f"- breach: {b}" for b in verdict["breaches"]]
+    lines += [f"- probe: {p['reason']}" for p in verdict["probes"]]
+    watch = verdict["watch"]
+    if watch:
+        lines += ["", f"window {watch['window']}", "", "| device | scraped | requests | 5xx | TTFT p99 ms | restarts | bad feedback |",
+                  "|---|---|---|---|---|---|---|"]
+        rows = watch["wave"] + ([watch["baseline"] | {"device": f"old version: {watch['baseline']['device']}"}]
+                                if watch["baseline"] else [])
+        lines += [f"| {f['device']} | {f['scraped']} | {f['requests']:.0f} | {f['errors_5xx']:.0f} | {f['ttft_p99_ms']} | "
+                  f"{f['restarts']:.0f} | {f['bad_feedback']:.0f} |" for f in rows]
+        lines += [f"- note: {n}" for n in watch["notes"]]
+    create_markdown_artifact("\n".join(lines), key=f"rollout-wave-{index}", description=f"rollout wave {index} verdict")
+    return verdict
 
 
 @task
