@@ -76,19 +76,30 @@ def check_online(profile: str, devices: list[str]) -> list[str]:
 
 @flow(name="rollout-wave", flow_run_name="wave {index}: {devices}", log_prints=True)
 def rollout_wave(profile: str, index: int, devices: list[str], old: list[str], version: str) -> dict:
-    """One wave: deploy, probe, observe, verdict. Returns {"breaches": [...], "probes": [...], "watch": {...}}."""
+    """One wave: deploy, probe, observe, verdict. Returns {"breaches": [...], "probes": [...], "watch": {...}, "skipped": {...}}.
+
+    A device whose fingerprint cannot run the shipped engine, on a profile with deploy.build_on_device: false, is
+    skipped with its reason (it keeps its version); with build_on_device: true it builds its own engine."""
     p = load_profile(profile)
     breaches = check_online(profile, devices)
     if breaches:
         return verdict_artifact(index, version, {"breaches": breaches, "probes": [], "watch": None})
     futures = {d: deploy_device.submit(profile, d, version, f"rollout wave {index}") for d in devices}
+    skipped = {}
     for d, f in futures.items():
         try:
             f.result()
         except Exception as e:
-            breaches.append(f"{d}: deploy-edge failed, the device kept its version: {e} (check: deploy)")
+            if "EngineIncompatibleError" in str(e):  # deploy.build_on_device: false, and the engine cannot run there
+                skipped[d] = f"skipped: {e}"
+                print(f"{d}: {skipped[d]}")
+            else:
+                breaches.append(f"{d}: deploy-edge failed, the device kept its version: {e} (check: deploy)")
+    devices = [d for d in devices if d not in skipped]
+    if not devices and not breaches:
+        breaches.append(f"no device of wave {index} can run the engine ({'; '.join(skipped.values())}) (check: deploy)")
     if breaches:
-        return verdict_artifact(index, version, {"breaches": breaches, "probes": [], "watch": None})
+        return verdict_artifact(index, version, {"breaches": breaches, "probes": [], "watch": None, "skipped": skipped})
     probes = []
     for d in devices:
         try:
@@ -97,16 +108,16 @@ def rollout_wave(profile: str, index: int, devices: list[str], old: list[str], v
             breaches.append(f"{d}: on-device probe failed: {e} (check: probe)")
     breaches += [f"{r['device']}: {r['reason']} (check: probe)" for r in probes if not r["passed"]]
     if breaches:
-        return verdict_artifact(index, version, {"breaches": breaches, "probes": probes, "watch": None})
+        return verdict_artifact(index, version, {"breaches": breaches, "probes": probes, "watch": None, "skipped": skipped})
     try:
         watch = observe_window(profile, devices, old, p.rollout.observe_s)
     except Exception as e:  # Prometheus unreachable or erroring: fail closed
         return verdict_artifact(index, version, {"breaches": [f"{', '.join(devices)}: {e} (check: Prometheus)"],
-                                                 "probes": probes, "watch": None})
+                                                 "probes": probes, "watch": None, "skipped": skipped})
     breaches += watch["breaches"] + check_online(profile, devices)
     print(f"wave {index} {devices}: {'PASSED' if not breaches else 'BREACHED'}; window {watch['window']}; "
           + "; ".join(breaches + watch["notes"]))
-    return verdict_artifact(index, version, {"breaches": breaches, "probes": probes, "watch": watch})
+    return verdict_artifact(index, version, {"breaches": breaches, "probes": probes, "watch": watch, "skipped": skipped})
 
 
 def verdict_artifact(index: int, version: str, verdict: dict) -> dict:
@@ -116,6 +127,7 @@ def verdict_artifact(index: int, version: str, verdict: dict) -> dict:
     lines = [f"## wave {index}, v{version}: {'BREACHED' if verdict['breaches'] else 'passed'}", ""]
     lines += [f"- breach: {b}" for b in verdict["breaches"]]
     lines += [f"- probe: {p['reason']}" for p in verdict["probes"]]
+    lines += [f"- {d}: {why}" for d, why in verdict.get("skipped", {}).items()]
     watch = verdict["watch"]
     if watch:
         lines += ["", f"window {watch['window']}", "", "| device | scraped | requests | 5xx | TTFT p99 ms | restarts | bad feedback |",
@@ -184,7 +196,7 @@ def rollout(profile: str, version: str | None = None, alias: str = "staging") ->
         switched = {d for w in state["waves"] if w["index"] < wave["index"] for d in w["devices"]} | set(wave["devices"])
         old = [d for w in state["waves"] for d in w["devices"] if d not in switched]
         verdict = rollout_wave(profile, wave["index"], wave["devices"], old, version)
-        wave.update(probes=verdict["probes"], watch=verdict["watch"], breaches=verdict["breaches"],
+        wave.update(probes=verdict["probes"], watch=verdict["watch"], breaches=verdict["breaches"], skipped=verdict.get("skipped", {}),
                     window=(verdict["watch"] or {}).get("window"), status="breached" if verdict["breaches"] else "passed")
         save(state, wave["index"])
         if verdict["breaches"]:
@@ -195,7 +207,11 @@ def rollout(profile: str, version: str | None = None, alias: str = "staging") ->
 
     state["promotion"] = promote(profile, version, "production",
                                  f"rollout {state['flow_run_id']}: every wave passed on {state['waves'][-1]['devices']}")
-    state["status"], state["reason"] = "completed", f"v{version} serves on {sum(len(w['devices']) for w in state['waves'])} device(s); production moved"
+    skipped = {d: why for w in state["waves"] for d, why in w.get("skipped", {}).items()}
+    served = sum(len(w["devices"]) for w in state["waves"]) - len(skipped)
+    state["status"] = "completed"
+    state["reason"] = (f"v{version} serves on {served} device(s); production moved"
+                       + (f"; skipped: {'; '.join(f'{d} ({why})' for d, why in skipped.items())}" if skipped else ""))
     save(state)
     return state
 

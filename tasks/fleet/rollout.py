@@ -31,6 +31,10 @@ class WaveState(BaseModel):
     watch: dict | None = Field(default=None, description="The Prometheus figures and verdict (tasks/fleet/watch.py WaveWatch).")
     probes: list[dict] = Field(default_factory=list, description="Each device's on-device probe (tasks/fleet/probe.py ProbeResult).")
     breaches: list[str] = Field(default_factory=list, description="Why the wave failed, one line per breach.")
+    skipped: dict[str, str] = Field(
+        default_factory=dict, description="Devices left on their version because they cannot run the shipped engine "
+        "and deploy.build_on_device is false, with the reason.",
+    )
 
 
 class RolloutState(BaseModel):
