@@ -236,7 +236,7 @@ def _hosts(svc: dict, results: Path, servers_env: dict, saved: dict):
     assert all(_online_workers(p) for p in HOSTS), {p: (BASE / "logs" / f"worker-{p}.log").read_text()[-1500:] for p in HOSTS}
     yield hosts
     for h in hosts.values():
-        h.stop()
+        h.kill()  # the module is done: no run to let finish, nothing to keep
     subprocess.run([sys.executable, "scripts/services.py", "down"], cwd=REPO, env=os.environ | servers_env, check=False)
     for k, v in saved.items():
         if v is None:
@@ -639,10 +639,11 @@ def test_both_devices_ship_their_logs_and_the_nightly_counts_each_devices_lines(
         report = fr.state.result()
         assert report["device_id"] == device and report["lines"] > 0 and report["uploaded"], report
         shipped[device] = report["lines"]
-        again = run_deployment(f"ship-logs/ship-logs-{device}", timeout=600).state.result()
-        assert sum(e["lines"] for e in again["uploaded"]) == again["lines"]  # only segments cut since, never the same one
-        assert not set(e["sha256"] for e in again["uploaded"]) & set(e["sha256"] for e in report["uploaded"])
-        shipped[device] += again["lines"]
+        if device == "orin-b":  # a second run ships only segments cut since, never the same one (more in test_logship.py)
+            again = run_deployment(f"ship-logs/ship-logs-{device}", timeout=600).state.result()
+            assert sum(e["lines"] for e in again["uploaded"]) == again["lines"]
+            assert not set(e["sha256"] for e in again["uploaded"]) & set(e["sha256"] for e in report["uploaded"])
+            shipped[device] += again["lines"]
 
     # the nightly over the store: more records wanted than were shipped, so it counts, reports and skips
     data = yaml.safe_load((REPO / PROFILE).read_text())
