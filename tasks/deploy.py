@@ -98,6 +98,11 @@ def device_dir(profile: Profile) -> Path:
     return profile.resolve(profile.deploy.install_dir)
 
 
+def access_log_path(profile: Profile) -> Path:
+    """The access log the device's edge servers write (and ship-logs ships): <install_dir>/access_logs/access.jsonl."""
+    return device_dir(profile) / "access_logs" / "access.jsonl"
+
+
 def _spawn(profile: Profile, name: str, cmd: list[str]) -> int:
     """Start a process detached in its own session (it outlives this flow run and its worker); pid file run/<name>.pid."""
     return spawn_detached(cmd, profile.work / "logs" / f"{name}.log", run_dir(profile) / f"{name}.pid", REPO_ROOT)
@@ -211,7 +216,7 @@ def start_server(profile: Profile, engine_dir: Path, version: str, port: int) ->
     stale = run_dir(profile) / f"{name}.pid"
     if stale.exists():
         stop_group(read_pid(stale))
-    access_log = device_dir(profile) / "access_logs" / "access.jsonl"
+    access_log = access_log_path(profile)
     access_log.parent.mkdir(parents=True, exist_ok=True)
     from tasks.fleet.device import load_device
 

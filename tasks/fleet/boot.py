@@ -36,6 +36,7 @@ import httpx
 import yaml
 
 from tasks.config import Profile
+from tasks.fleet.device import load_device_profile
 
 EXIT_SERVING, EXIT_FAILED, EXIT_CONFIG, EXIT_PACKAGE = 0, 1, 2, 3
 
@@ -46,14 +47,6 @@ class BootError(RuntimeError):
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.code = code
-
-
-def boot_profile(profile_path: str) -> Profile:
-    """The profile as this device applies it (its deploy block overridden by the device config, if any)."""
-    from tasks.config import load_profile
-    from tasks.fleet.device import device_profile, load_device
-
-    return device_profile(load_profile(profile_path), load_device())
 
 
 def boot_time() -> float | None:
@@ -198,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="wait this long for a proxy another supervisor starts (systemd) before starting one")
     a = ap.parse_args(argv)
     try:
-        profile = boot_profile(a.profile)
+        profile = load_device_profile(a.profile)
     except (OSError, ValueError, yaml.YAMLError) as e:
         print(f"boot: {e}", file=sys.stderr)
         return EXIT_CONFIG

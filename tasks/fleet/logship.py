@@ -28,6 +28,7 @@ from serving.access_log import identity, mark_shipped, remove_shipped, segments
 from tasks.access_logs import _lines, _parse_ts
 from tasks.artifacts import ArtifactRef, ChecksumError, sha256_file
 from tasks.config import Profile
+from tasks.deploy import access_log_path  # the one owner of the device layout (re-exported for callers here)
 from tasks.fleet.device import DeviceConfig, device_profile
 
 EXPERIMENT = "edgeflow-access-logs"
@@ -79,13 +80,6 @@ class DeviceSegments(BaseModel):
     paths: list[str] = Field(description="The verified local copies, oldest first.")
     lines: int = Field(description="Lines in them (every line; ingestion decides which fall in the window).")
     segments: list[SegmentEntry] = Field(description="Their manifest entries, in the order of `paths`.")
-
-
-def access_log_path(profile: Profile) -> Path:
-    """The access log the device's edge servers write: <install_dir>/access_logs/access.jsonl."""
-    from tasks.deploy import device_dir
-
-    return device_dir(profile) / "access_logs" / "access.jsonl"
 
 
 def _iso(t: datetime) -> str:

@@ -140,11 +140,11 @@ def device(tmp_path, engine_dir, monkeypatch) -> Iterator[Device]:
     """Version 1 deployed on this host by the deploy's own steps: bound engine, candidate on a side port health-gated
     with a smoke chat, the proxy switched to it, state.json written."""
     from tasks.deploy import engine_for_device, ensure_proxy, start_candidate, switch_to
-    from tasks.fleet.boot import boot_profile
+    from tasks.fleet.device import load_device_profile
 
     path = _write_profile(tmp_path, "edgeflow-boot-test")
     monkeypatch.setenv(DEVICE_CONFIG_ENV, str(tmp_path / "device.yaml"))
-    profile = boot_profile(str(path))
+    profile = load_device_profile(str(path))
     package = _install_package(profile, engine_dir)
     try:
         engine, _ = engine_for_device(profile, package)
