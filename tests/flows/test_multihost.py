@@ -238,11 +238,22 @@ def _hosts(svc: dict, results: Path, servers_env: dict, saved: dict):
     for h in hosts.values():
         h.kill()  # the module is done: no run to let finish, nothing to keep
     subprocess.run([sys.executable, "scripts/services.py", "down"], cwd=REPO, env=os.environ | servers_env, check=False)
+    _remove_all_but_logs()
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+def _remove_all_but_logs() -> None:
+    """The hosts' checkouts, caches, the servers' store and the result storage are gigabytes: removed once the module is
+    done (EDGEFLOW_KEEP_TEST_HOSTS=1 keeps them for a look); the workers' logs stay."""
+    if os.environ.get("EDGEFLOW_KEEP_TEST_HOSTS") == "1":
+        return
+    for path in BASE.iterdir():
+        if path.name != "logs":
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 def _stage_runs(c, release_id: str) -> list:

@@ -44,6 +44,9 @@ def services(tmp_path_factory, teacher_dir):
 
     stop_device(load_profile(REPO / "configs" / "test-tiny.yaml"))
     subprocess.run([sys.executable, "scripts/services.py", "down"], cwd=REPO, env=os.environ | env, check=False)
+    # the store is gigabytes of checkpoints and engines; the next session starts from an empty one anyway
+    if os.environ.get("EDGEFLOW_KEEP_TEST_HOSTS") != "1":
+        subprocess.run(["rm", "-rf", str(home)], check=False)
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
