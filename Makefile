@@ -9,11 +9,21 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: demo test down pools services venv clean
 
+# llama-cpp-python (the llama_cpp engine) compiles llama.cpp from its sdist at install (about 5 min on 2 cores; pip
+# caches the wheel it builds, so a later install on the same machine takes seconds). x86: the ISA cpu_native is
+# compiled for (AVX2, FMA, F16C), not -march=native, so the library runs on any AVX2 machine this venv is copied to.
+# Override for another target, e.g. LLAMA_CMAKE_ARGS="-DGGML_NATIVE=ON" or "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=87".
+ifeq ($(shell uname -m),x86_64)
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAVA_BUILD=OFF
+else
+LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
+endif
+
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first and pinned: the CPU build, not a multi-GB CUDA one.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -q -e '.[test]'
 	touch $@
 
 venv: $(VENV)/.installed

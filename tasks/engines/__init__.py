@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 BACKENDS: dict[str, str] = {
     "cpu": "tasks.engines.cpu_onnx",
     "cpu_native": "tasks.engines.cpu_native",
+    "llama_cpp": "tasks.engines.llama_cpp",
     "tensorrt_llm": "tasks.engines.tensorrt_llm",
 }
 

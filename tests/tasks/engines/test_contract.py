@@ -55,7 +55,7 @@ def test_backend_profile_is_a_strict_documented_model_with_valid_defaults(name):
         validate_profile(name, {"not_a_key": 1})
 
 
-@pytest.mark.parametrize("name", ["cpu", "cpu_native"])
+@pytest.mark.parametrize("name", ["cpu", "cpu_native", "llama_cpp"])
 def test_cpu_backends_report_no_device_of_their_own(name):
     module = get_backend(name)
     assert module.device_memory_used(object()) is None and module.device_utilization(object()) is None

@@ -1,0 +1,228 @@
+"""The CPU engines side by side on the same checkpoints: cpu_native, cpu (onnxruntime-genai) and llama_cpp.
+
+    python benchmarks/engines_vs_llamacpp.py --checkpoint fp32=DIR --checkpoint gptq=DIR --rounds 3 \
+        [--library native=/path/to/libllama.so] [--backends cpu_native,llama_cpp] [--out results.json]
+
+Every quantized checkpoint (llm-compressor's output) is built by each backend with its default profile, and by
+llama_cpp also with a q8_0 head (what llama.cpp's own Q4 files use). `--library LABEL=PATH` adds runs of the
+llama_cpp engines on another llama.cpp build (LLAMA_CPP_LIB_PATH), e.g. one compiled for this machine's best ISA;
+the installed build is labelled `installed`. Rounds alternate: round r measures every engine once, each in a fresh
+process, before round r+1 starts. Per engine it reports the median over rounds of:
+
+  decode tok/s   greedy, --new-tokens tokens after a --prompt-tokens prompt (time after the first token)
+  prefill tok/s  prompt tokens / time to first token; TTFT in ms
+  2-stream tok/s two generations at once, all tokens / wall time
+and, once, greedy agreement on the gate's prompts (data/eval, 16 tokens each): exact match and matching
+prefix share against the FP model and against the checkpoint's fake-quantized model (both Hugging Face, fp32).
+Prints a markdown table and the machine (CPU model, ISA flags, compiler, llama.cpp system info), and writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+GREEDY_TOKENS = 16
+ISA = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def machine() -> dict:
+    model, flags = "unknown", set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name") and model == "unknown":
+            model = line.split(":", 1)[1].strip()
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+    cc = subprocess.run([os.environ.get("CC", "cc"), "--version"], capture_output=True, text=True).stdout.splitlines()
+    return {"cpu": model, "cpus": len(os.sched_getaffinity(0)), "isa": [f for f in ISA if f in flags],
+            "compiler": cc[0] if cc else "none"}
+
+
+# ------------------------------------------------------------------------------------------ worker (one process)
+
+
+def _speed(backend, session, prompt: list[int], new_tokens: int) -> dict:
+    t0 = time.perf_counter()
+    first, count = None, 0
+    for _ in backend.generate(session, prompt, new_tokens, []):
+        count += 1
+        first = first or time.perf_counter()
+    end = time.perf_counter()
+    ttft = (first or end) - t0
+    return {"decode_tok_s": (count - 1) / (end - first) if count > 1 else 0.0, "ttft_ms": 1000 * ttft,
+            "prefill_tok_s": len(prompt) / ttft}
+
+
+def _two_streams(backend, session, prompt: list[int], new_tokens: int) -> float:
+    counts = [0, 0]
+
+    def run(k: int) -> None:
+        for _ in backend.generate(session, prompt, new_tokens, []):
+            counts[k] += 1
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - t0)
+
+
+def worker(spec: dict) -> dict:
+    from tasks.engines import get_backend
+
+    backend = get_backend(spec["backend"])
+    session = backend.load(Path(spec["engine"]))
+    list(backend.generate(session, spec["prompt"], 4, []))  # warm-up: kernels, caches, threads
+    out = _speed(backend, session, spec["prompt"], spec["new_tokens"])
+    out["two_stream_tok_s"] = _two_streams(backend, session, spec["prompt"], spec["new_tokens"] // 2)
+    if spec.get("greedy_prompts"):
+        out["continuations"] = [list(map(int, backend.generate(session, p, GREEDY_TOKENS, spec["stop"])))
+                                for p in spec["greedy_prompts"]]
+    if spec["backend"] == "llama_cpp":
+        import llama_cpp as lc
+
+        out["llama_system_info"] = lc.llama_print_system_info().decode()
+    return out
+
+
+# ------------------------------------------------------------------------------------------ parent
+
+
+def _agreement(ref: list[list[int]], got: list[list[int]]) -> dict:
+    exact = sum(a == b for a, b in zip(ref, got)) / len(ref)
+    prefix = []
+    for a, b in zip(ref, got):
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        prefix.append(n / max(len(a), 1))
+    return {"exact": exact, "prefix": sum(prefix) / len(prefix)}
+
+
+def _hf_greedy(model_dir: Path, prompts: list[list[int]], stop: list[int], dequantized: bool) -> list[list[int]]:
+    import torch
+
+    from tasks.engines.checkpoint import load_dequantized
+    from transformers import AutoModelForCausalLM
+
+    model = load_dequantized(model_dir) if dequantized else AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            ids, new = list(p), []
+            for _ in range(GREEDY_TOKENS):
+                t = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+                if t in stop:
+                    break
+                new.append(t)
+                ids.append(t)
+            out.append(new)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", action="append", required=True, help="NAME=DIR; the one named fp32 is the FP model")
+    ap.add_argument("--backends", default="cpu_native,llama_cpp")
+    ap.add_argument("--library", action="append", default=[], help="LABEL=PATH of another libllama.so for llama_cpp")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prompt-tokens", type=int, default=48)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--gate-prompts", type=int, default=24)
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "edgeflow-engines-vs-llamacpp")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        print(json.dumps(worker(json.loads(a.worker.read_text()))))
+        return 0
+
+    from transformers import AutoTokenizer
+
+    from tasks.engines import get_backend
+    from tasks.evaluation.gate import eval_texts, greedy_prompts, tokenize
+
+    ckpts = dict(c.split("=", 1) for c in a.checkpoint)
+    if "fp32" not in ckpts:
+        ap.error("--checkpoint fp32=DIR (the FP model) is required")
+    fp = Path(ckpts["fp32"])
+    tok = AutoTokenizer.from_pretrained(fp)
+    sources = {d: REPO / "data" / "eval" / f"{d}.jsonl" for d in ("chat", "wiki", "math")}
+    seqs = tokenize(eval_texts(sources, 4 * a.gate_prompts, tok), tok, 256)
+    prompts = greedy_prompts(seqs, a.gate_prompts)
+    speed_prompt = next(s for s in seqs if len(s) >= a.prompt_tokens)[: a.prompt_tokens]
+    stop = [int(tok.eos_token_id)]
+    libraries = {"installed": None} | dict(x.split("=", 1) for x in a.library)
+
+    engines: list[dict] = []  # name, backend, library, engine dir, checkpoint
+    for cname, cdir in ckpts.items():
+        for backend in a.backends.split(","):
+            profiles = {"": {}} if backend != "llama_cpp" else {"": {}, "+q8_0 head": {"head": "q8_0"}}
+            for suffix, profile in profiles.items():
+                out = a.work / f"{cname}-{backend}{suffix.replace(' ', '-').replace('+', '')}"
+                try:
+                    meta = get_backend(backend).build(Path(cdir), out, profile)
+                except ValueError as e:
+                    print(f"skip {cname} on {backend}: {e}", file=sys.stderr)
+                    continue
+                for label, lib in (libraries.items() if backend == "llama_cpp" else [("", None)]):
+                    engines.append({"name": f"{cname} / {backend}{suffix}" + (f" [{label}]" if label else ""),
+                                    "backend": backend, "library": lib, "engine": str(out), "checkpoint": cname,
+                                    "precision": meta["precision"] + (" (dequantized)" if meta.get("dequantized") else "")})
+
+    refs = {"fp32": _hf_greedy(fp, prompts, stop, dequantized=False)}
+    for cname, cdir in ckpts.items():
+        if cname != "fp32":
+            refs[cname] = _hf_greedy(Path(cdir), prompts, stop, dequantized=True)
+
+    results = {e["name"]: {"rounds": []} | e for e in engines}
+    for r in range(a.rounds):
+        for e in engines:
+            spec = {"backend": e["backend"], "engine": e["engine"], "prompt": speed_prompt, "new_tokens": a.new_tokens,
+                    "greedy_prompts": prompts if r == 0 else [], "stop": stop}
+            spec_file = a.work / "spec.json"
+            spec_file.write_text(json.dumps(spec))
+            env = os.environ | ({"LLAMA_CPP_LIB_PATH": str(Path(e["library"]).parent)} if e["library"] else {})
+            p = subprocess.run([sys.executable, __file__, "--worker", str(spec_file)], capture_output=True, text=True, env=env)
+            if p.returncode:
+                raise SystemExit(f"{e['name']}: worker failed\n{p.stderr[-3000:]}")
+            got = json.loads(p.stdout.strip().splitlines()[-1])
+            if r == 0:
+                results[e["name"]]["vs_fp"] = _agreement(refs["fp32"], got["continuations"])
+                results[e["name"]]["vs_fakeq"] = _agreement(refs.get(e["checkpoint"], refs["fp32"]), got["continuations"])
+                results[e["name"]]["llama_system_info"] = got.get("llama_system_info")
+            results[e["name"]]["rounds"].append({k: got[k] for k in ("decode_tok_s", "prefill_tok_s", "ttft_ms", "two_stream_tok_s")})
+            print(f"round {r}: {e['name']}: {got['decode_tok_s']:.1f} tok/s", file=sys.stderr)
+
+    print(f"\nmachine: {json.dumps(machine())}; threads: {os.environ.get('EDGEFLOW_ENGINE_THREADS', 'all')}; "
+          f"prompt {a.prompt_tokens} tokens, {a.new_tokens} new, median of {a.rounds} alternating rounds\n")
+    print("| engine | precision | decode tok/s | prefill tok/s | TTFT ms | 2-stream tok/s | greedy = FP | = fake-quant |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, res in results.items():
+        med = {k: statistics.median(x[k] for x in res["rounds"]) for k in res["rounds"][0]}
+        res["median"] = med
+        print(f"| {name} | {res['precision']} | {med['decode_tok_s']:.1f} | {med['prefill_tok_s']:.0f} | {med['ttft_ms']:.1f} | "
+              f"{med['two_stream_tok_s']:.1f} | {res['vs_fp']['exact']:.0%} ({res['vs_fp']['prefix']:.0%}) | "
+              f"{res['vs_fakeq']['exact']:.0%} ({res['vs_fakeq']['prefix']:.0%}) |")
+    info = next((r["llama_system_info"] for r in results.values() if r.get("llama_system_info")), None)
+    if info:
+        print(f"\nllama.cpp (installed): {info}")
+    if a.out:
+        a.out.write_text(json.dumps({"machine": machine(), "args": vars(a) | {"work": str(a.work), "out": str(a.out),
+                                                                              "worker": None},
+                                     "results": results}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

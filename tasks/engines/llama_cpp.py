@@ -1,0 +1,654 @@
+"""build(Path("ckpt"), Path("eng"), {}); s = load(Path("eng")); print(list(generate(s, [1, 9690], 8, [2])))
+
+llama.cpp engine backend: one GGUF file written from an edgeflow checkpoint, run by llama.cpp through
+llama-cpp-python (built from its sdist at install; see README "Engines").
+
+What it does, per interface function (see `tasks/engines/__init__.py`):
+
+* `build` writes `model.gguf` (GGUF v3, architecture `llama`) itself, with the `gguf` package: nothing is
+  re-quantized. Each llm-compressor layer's stored integers become llama.cpp blocks of 32 weights:
+  - int4 asymmetric (AWQ/RTN) -> Q4_1: w = d*q + m with d = scale and m = -scale*zero, both in fp16;
+  - int4 symmetric (GPTQ)     -> Q4_0: w = d*(q - 8) with d = scale in fp16;
+  - int8 symmetric (W8A16)    -> Q8_0: w = d*q with d = scale in fp16;
+  a group of 64 or 128 (or a per-channel row) is 2, 4 (or n/32) blocks sharing one scale. Mixed recipes
+  (W8 attention, W4 MLP) keep each layer's own type. The only rounding is the scales (and Q4_1's m) to fp16;
+  engine.json records it per block type under `rounding` (0.0 where the checkpoint's scales are fp16 values).
+  Schemes blocks cannot hold (asymmetric int8, a group size that is not a multiple of 32, act-order groups)
+  build from the exactly dequantized weights (`inexact_weights: dequantize`, recorded under `dequantized`)
+  or raise (`error`). The embedding / tied lm_head table is `head` (f32 exact by default), other dense
+  linears `dense`; norms stay f32. q_proj/k_proj rows are permuted from Hugging Face's rotate-half order to
+  llama.cpp's interleaved rope, as llama.cpp's own converter does. Tokenizer metadata comes from
+  tokenizer.json (BPE); edgeflow passes token ids, so llama.cpp's tokenizer never encodes a request.
+* `generate` evaluates the prompt, then one token per step, on a llama.cpp context (its own KV cache) taken
+  from the session's pool: concurrent calls use different contexts over the same memory-mapped weights.
+  Greedy picks the argmax of the step's fp32 logits; sampling feeds the same logits to the shared Sampler
+  (tasks/engines/sampling.py), so every sampling parameter is honoured, seeded draws included.
+* `score` evaluates the whole sequence on a context created with logits for every position.
+
+llama.cpp multiplies int8-quantized activations (q8_0/q8_1 blocks of 32) with quantized weights: the gate
+measures that, and engine parity (the engine against its own fake-quantized model) shows its cost.
+Threads: EDGEFLOW_ENGINE_THREADS, else every CPU this process may use (tasks/engines/cpu_host.py).
+GPU builds of llama.cpp (GGML_CUDA=ON, CMAKE_CUDA_ARCHITECTURES=87 on Orin, 80 on A100) run the same GGUF
+file with `n_gpu_layers`; that path is unverified on a GPU (README "What has run where").
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.artifacts import sha256_tree
+from tasks.engines import EngineIncompatibleError, engine_dir as edir, validate_profile
+from tasks.engines.checkpoint import (
+    InexactWeights,
+    QuantizedLayer,
+    WeightScheme,
+    copy_tokenizer_files,
+    layer,
+    load_dequantized,
+    load_tensors,
+    read_config,
+    split_tensors,
+    weight_schemes,
+)
+from tasks.engines.cpu_host import device_fingerprint, threads_from_env
+from tasks.engines.hooks import device_memory_used, device_utilization  # noqa: F401  (backend API: CPU defaults)
+from tasks.engines.sampling import PARAMETERS, Sampler, SamplingParams
+
+BACKEND = "llama_cpp"
+# The writer's own version: bump it when what `build` writes changes (part of build_identity, the cache key).
+WRITER = "edgeflow gguf writer 1"
+FORMAT = "gguf v3 (llama.cpp)"
+GGUF_FILE = "model.gguf"
+BLOCK = 32  # weights per Q4_0 / Q4_1 / Q8_0 block
+
+
+class Profile(BaseModel):
+    """`engine.profile` of the llama_cpp backend (validated when the edgeflow profile loads)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    head: Literal["f32", "f16", "q8_0"] = Field(
+        default="f32", description="Type of the token embedding table, which is also the lm_head when tied "
+        "(llm-compressor leaves it dense): f32 (exact), f16, or q8_0 (re-quantized in blocks of 32 by the gguf "
+        "package; llama.cpp's own Q4_0 files use q8_0 here). At 135M parameters the 49152x576 head is ~45% of the "
+        "weights read per token.")
+    dense: Literal["f32", "f16"] = Field(
+        default="f32", description="Type of dense decoder linears: the FP reference row's, and a quantized checkpoint's "
+        "built from its dequantized weights. f32 keeps them exact.")
+    inexact_weights: Literal["dequantize", "error"] = Field(
+        default="dequantize", description="Quantized weights no Q4_0/Q4_1/Q8_0 block holds (asymmetric int8, a group "
+        "size that is not a multiple of 32, act-order groups): 'dequantize' builds them dense from their exact "
+        "dequantized values (engine.json records it under 'dequantized'); 'error' refuses them.")
+    n_ctx: int = Field(
+        default=2048, ge=64, le=131072, description="Context (KV cache positions) of each llama.cpp context; a request "
+        "whose prompt plus max_tokens exceed it gets a ValueError naming both. Capped at the model's context length.")
+    n_batch: int = Field(
+        default=512, ge=8, le=8192, description="Tokens per llama.cpp decode call during prefill and scoring "
+        "(llama.cpp's default).")
+    contexts: int = Field(
+        default=2, ge=1, le=64, description="llama.cpp contexts kept per loaded engine, one per concurrent generation "
+        "(each holds its own KV cache of n_ctx positions; the weights are shared). Set it to the server's slots.")
+
+
+DEFAULT_PROFILE: dict[str, Any] = Profile().model_dump()
+
+# Hugging Face Llama names -> GGUF names (llama.cpp's LLM_ARCH_LLAMA tensors).
+_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight"}
+_LAYER = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+          "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+          "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+          "mlp.down_proj": "ffn_down"}
+
+
+def _gguf_name(hf: str) -> str:
+    """The GGUF tensor name of a Hugging Face Llama tensor (ValueError naming it if llama.cpp has none)."""
+    if hf in _TOP:
+        return _TOP[hf]
+    parts = hf.split(".")
+    if len(parts) >= 4 and parts[:2] == ["model", "layers"] and parts[2].isdigit():
+        rest = ".".join(parts[3:])
+        if rest in _LAYER:
+            return f"blk.{parts[2]}.{_LAYER[rest]}"
+        if rest.endswith(".weight") and rest[: -len(".weight")] in _LAYER:
+            return f"blk.{parts[2]}.{_LAYER[rest[: -len('.weight')]]}.weight"
+    raise ValueError(f"tensor {hf!r} has no place in a llama.cpp 'llama' GGUF (biases and extra tensors are not supported)")
+
+
+# --------------------------------------------------------------------------------------------
+# What this backend holds exactly
+# --------------------------------------------------------------------------------------------
+
+
+def _block_type(s: WeightScheme, where: str) -> str:
+    """'Q4_0' / 'Q4_1' / 'Q8_0' for a scheme llama.cpp blocks hold exactly (up to fp16 scales); InexactWeights else."""
+    if s.format != "pack-quantized" or s.type != "int":
+        raise InexactWeights(f"{where}: format={s.format!r} type={s.type!r}; only 'pack-quantized' int weights map to "
+                             "llama.cpp blocks")
+    if s.strategy not in ("group", "channel"):
+        raise InexactWeights(f"{where}.weights.strategy={s.strategy!r}: only 'group' or 'channel' scales are blocks")
+    if s.strategy == "group" and (s.group_size or 0) % BLOCK:
+        raise InexactWeights(f"{where}.weights.group_size={s.group_size}: llama.cpp blocks hold {BLOCK} weights, so "
+                             f"a group must be a multiple of {BLOCK}")
+    if s.actorder not in (None, "static", "weight"):
+        raise InexactWeights(f"{where}.weights.actorder={s.actorder!r}: permuted (act-order) groups are not contiguous "
+                             "blocks (use actorder weight or none)")
+    if s.bits == 4:
+        return "Q4_0" if s.symmetric else "Q4_1"
+    if s.bits == 8 and s.symmetric:
+        return "Q8_0"
+    raise InexactWeights(f"{where}.weights: num_bits={s.bits} symmetric={s.symmetric}; llama.cpp blocks hold int4 "
+                         "(either) or symmetric int8")
+
+
+def detect_schemes(checkpoint_dir: Path) -> dict[str, WeightScheme] | None:
+    """None for a dense checkpoint; its config groups if every one maps to a llama.cpp block type.
+
+    InexactWeights for weight-only schemes no block holds; ValueError naming the field for anything no engine
+    builds (tasks.engines.checkpoint.weight_schemes).
+    """
+    where = f"{checkpoint_dir}/config.json"
+    schemes = weight_schemes(read_config(checkpoint_dir), where, engine=BACKEND)
+    if schemes is None:
+        return None
+    for name, s in schemes.items():
+        _block_type(s, f"{where} quantization_config.config_groups.{name}")
+    return schemes
+
+
+def _layer_scheme(tensors: dict[str, np.ndarray], prefix: str, schemes: dict[str, WeightScheme]) -> WeightScheme:
+    """The config group's scheme that a layer's stored shapes say it was quantized with (mixed recipes have several)."""
+    packed, scale = tensors[f"{prefix}.weight_packed"], tensors[f"{prefix}.weight_scale"]
+    shape = tensors.get(f"{prefix}.weight_shape")
+    n_in = int(shape[1]) if shape is not None else None
+    found = set()
+    for s in schemes.values():
+        cols = n_in if n_in is not None else packed.shape[1] * 32 // s.bits
+        groups = 1 if s.strategy == "channel" else cols // (s.group_size or cols)
+        if packed.shape[1] * 32 == cols * s.bits and scale.reshape(packed.shape[0], -1).shape[1] == groups:
+            found.add(s)
+    if len(found) != 1:
+        raise InexactWeights(f"{prefix}: its stored shapes match {len(found)} of the checkpoint's schemes "
+                             f"{sorted(str(s.summary()) for s in schemes.values())}; cannot tell which one it used")
+    return found.pop()
+
+
+# --------------------------------------------------------------------------------------------
+# Blocks (the layouts of llama.cpp's ggml-common.h: block_q4_0, block_q4_1, block_q8_0)
+# --------------------------------------------------------------------------------------------
+
+
+def _fp16_bytes(x: np.ndarray) -> np.ndarray:
+    """[rows, blocks] float -> [rows, blocks, 2] little-endian fp16 bytes."""
+    return np.ascontiguousarray(x.astype("<f2")).view(np.uint8).reshape(*x.shape, 2)
+
+
+def encode_blocks(q: QuantizedLayer, bits: int, symmetric: bool) -> tuple[str, np.ndarray, dict[str, float]]:
+    """(block type, uint8 [rows, bytes per row], rounding) for one layer's stored integers.
+
+    Per block of 32 weights: Q4_0 = fp16 d, then 16 bytes whose low nibbles are weights 0-15 and high nibbles
+    16-31, w = d*(nibble - 8); Q4_1 = fp16 d, fp16 m, the same 16 bytes, w = d*nibble + m; Q8_0 = fp16 d, 32
+    int8, w = d*int8. compressed-tensors stores q unsigned (signed + 2**(bits-1)), so a symmetric int4 q is the
+    Q4_0 nibble as it is. `rounding` is the largest relative change of a scale (and, for Q4_1, of m relative to
+    its block's scale) from fp32 to fp16, and the bound it puts on any weight's change.
+    """
+    rows, cols = q.q.shape
+    if cols % BLOCK:
+        raise InexactWeights(f"a layer of {cols} input columns is not a whole number of {BLOCK}-weight blocks")
+    nb = cols // BLOCK
+    per = q.group_size // BLOCK if q.group_size % BLOCK == 0 else 0
+    if not per:
+        raise InexactWeights(f"group size {q.group_size} is not a multiple of {BLOCK}")
+    s = np.repeat(q.scale.astype(np.float32), per, axis=1)  # [rows, nb]
+    d16 = s.astype(np.float16)
+    if not np.isfinite(d16).all():
+        raise ValueError(f"a weight scale of {float(np.abs(s).max()):.6g} exceeds fp16's range (65504); llama.cpp "
+                         "blocks store scales in fp16")
+    nz = s != 0
+    rel_d = float(np.max(np.abs(d16.astype(np.float32) - s)[nz] / np.abs(s[nz]), initial=0.0))
+    vals = q.q.reshape(rows, nb, BLOCK)
+    if bits == 8:
+        qs = (vals.astype(np.int16) - 128).astype(np.int8).view(np.uint8)
+        blocks = np.concatenate([_fp16_bytes(d16), qs], axis=2)
+        bound = float(np.max(np.abs(d16.astype(np.float32) - s) * 128, initial=0.0))
+        return "Q8_0", blocks.reshape(rows, -1), {"scale_rel": rel_d, "weight_abs": bound, "m_rel": 0.0}
+    nibbles = (vals[:, :, : BLOCK // 2] | (vals[:, :, BLOCK // 2:] << 4)).astype(np.uint8)
+    dscale = np.abs(d16.astype(np.float32) - s)
+    if symmetric:
+        z = np.repeat(q.zero, per, axis=1)
+        if not (z == 8).all():
+            raise ValueError("a symmetric int4 layer has zero points other than 8; its checkpoint is inconsistent")
+        blocks = np.concatenate([_fp16_bytes(d16), nibbles], axis=2)
+        return "Q4_0", blocks.reshape(rows, -1), {"scale_rel": rel_d, "weight_abs": float(np.max(dscale * 8, initial=0.0)),
+                                                  "m_rel": 0.0}
+    m = -s * np.repeat(q.zero, per, axis=1).astype(np.float32)
+    m16 = m.astype(np.float16)
+    if not np.isfinite(m16).all():
+        raise ValueError("scale*zero of a layer exceeds fp16's range (65504); llama.cpp Q4_1 stores it in fp16")
+    dm = np.abs(m16.astype(np.float32) - m)
+    rel_m = float(np.max(dm[nz] / np.abs(s[nz]), initial=0.0))
+    blocks = np.concatenate([_fp16_bytes(d16), _fp16_bytes(m16), nibbles], axis=2)
+    return "Q4_1", blocks.reshape(rows, -1), {"scale_rel": rel_d, "weight_abs": float(np.max(dscale * 15 + dm, initial=0.0)),
+                                              "m_rel": rel_m}
+
+
+def permute_rope_rows(a: np.ndarray, n_head: int) -> np.ndarray:
+    """Rows of q_proj/k_proj (or their per-row integers, zeros and scales) from Hugging Face's rotate-half order to
+    llama.cpp's interleaved pairs: the permutation llama.cpp's convert_hf_to_gguf.py applies (rows only, so whole
+    input-dim groups move together)."""
+    rows = a.shape[0]
+    if rows % (2 * n_head):
+        raise ValueError(f"{rows} rows do not split into {n_head} heads of rotary pairs")
+    return np.ascontiguousarray(a.reshape(n_head, 2, rows // n_head // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape))
+
+
+def _rope_heads(name: str, config: dict[str, Any]) -> int | None:
+    if name.endswith("self_attn.q_proj"):
+        return int(config["num_attention_heads"])
+    if name.endswith("self_attn.k_proj"):
+        return int(config.get("num_key_value_heads") or config["num_attention_heads"])
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Build
+# --------------------------------------------------------------------------------------------
+
+
+def _check_architecture(config: dict[str, Any], where: str) -> None:
+    """ValueError naming the config.json field for what the 'llama' GGUF written here cannot express."""
+    if config.get("model_type") != "llama":
+        raise ValueError(f"{where} model_type={config.get('model_type')!r}: the llama_cpp backend writes 'llama' GGUF "
+                         "files (Llama-architecture checkpoints such as SmolLM2); use the cpu backend for others")
+    for key in ("attention_bias", "mlp_bias"):
+        if config.get(key):
+            raise ValueError(f"{where} {key}=true: biases are not written by the llama_cpp backend")
+    if config.get("rope_scaling"):
+        raise ValueError(f"{where} rope_scaling={config['rope_scaling']!r}: scaled rope is not written by the llama_cpp "
+                         "backend")
+    rope_type = (config.get("rope_parameters") or {}).get("rope_type", "default")
+    if rope_type != "default":
+        raise ValueError(f"{where} rope_parameters.rope_type={rope_type!r}: only 'default' rope is written by the "
+                         "llama_cpp backend")
+
+
+def rope_theta(config: dict[str, Any]) -> float:
+    """The rope base: transformers 5 keeps it in rope_parameters, earlier versions at the top level."""
+    theta = (config.get("rope_parameters") or {}).get("rope_theta", config.get("rope_theta"))
+    if theta is None:
+        raise ValueError("config.json names no rope_theta (neither rope_parameters.rope_theta nor rope_theta)")
+    return float(theta)
+
+
+def _vocab(checkpoint_dir: Path, n_vocab: int, where: str) -> tuple[list[str], list[int]]:
+    """(tokens by id, token types) from tokenizer.json, padded to the model's vocabulary as llama.cpp's converter does."""
+    from gguf import TokenType
+
+    path = Path(checkpoint_dir) / "tokenizer.json"
+    if not path.exists():
+        raise ValueError(f"{checkpoint_dir}: no tokenizer.json; the llama_cpp backend needs a fast (BPE) tokenizer file")
+    data = json.loads(path.read_text())
+    model = data.get("model") or {}
+    if model.get("type") != "BPE":
+        raise ValueError(f"{path} model.type={model.get('type')!r}: the llama_cpp backend writes BPE (gpt2-style) "
+                         "tokenizers only")
+    by_id = {int(i): t for t, i in model.get("vocab", {}).items()}
+    kinds: dict[int, int] = {}
+    for added in data.get("added_tokens", []):
+        by_id[int(added["id"])] = added["content"]
+        kinds[int(added["id"])] = TokenType.CONTROL if added.get("special") else TokenType.USER_DEFINED
+    if max(by_id, default=-1) >= n_vocab:
+        raise ValueError(f"{where}: tokenizer ids reach {max(by_id)} but vocab_size is {n_vocab}")
+    tokens, types = [], []
+    for i in range(n_vocab):
+        if i in by_id:
+            tokens.append(by_id[i])
+            types.append(int(kinds.get(i, TokenType.NORMAL)))
+        else:
+            tokens.append(f"[PAD{i}]")
+            types.append(int(TokenType.UNUSED))
+    return tokens, types
+
+
+def _dense(x: np.ndarray, kind: str) -> tuple[np.ndarray, Any]:
+    """A dense tensor as written: f32 / f16 data, or q8_0 bytes (gguf.quants), with its raw dtype (None: from the array)."""
+    from gguf import GGMLQuantizationType, quants
+
+    if kind == "f32":
+        return np.ascontiguousarray(x, dtype=np.float32), None
+    if kind == "f16":
+        return np.ascontiguousarray(x, dtype=np.float16), None
+    return quants.quantize(np.ascontiguousarray(x, dtype=np.float32), GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0
+
+
+def write_gguf(checkpoint_dir: Path, out: Path, prof: Profile, dequantized_from: Any = None) -> dict[str, Any]:
+    """Write the checkpoint as one llama.cpp GGUF file; returns what was written (types, rounding).
+
+    `dequantized_from`: a dense float32 state dict to use instead of the checkpoint's tensors (a quantized
+    checkpoint built dense from its exactly dequantized weights).
+    """
+    from gguf import GGMLQuantizationType, GGUFWriter, SpecialVocab
+
+    checkpoint_dir = Path(checkpoint_dir)
+    where = f"{checkpoint_dir}/config.json"
+    config = read_config(checkpoint_dir)
+    _check_architecture(config, where)
+    schemes = None if dequantized_from is not None else detect_schemes(checkpoint_dir)
+    if dequantized_from is not None:
+        tensors, prefixes = dequantized_from, []
+    else:
+        tensors = load_tensors(checkpoint_dir)
+        prefixes = split_tensors(tensors, checkpoint_dir)[1] if schemes else []
+    n_vocab = int(config["vocab_size"])
+    heads = int(config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
+    tied = bool(config.get("tie_word_embeddings", False))
+
+    w = GGUFWriter(str(out), "llama")
+    w.add_name(str(config.get("_name_or_path") or checkpoint_dir.name) or "edgeflow")
+    w.add_context_length(int(config["max_position_embeddings"]))
+    w.add_embedding_length(int(config["hidden_size"]))
+    w.add_block_count(int(config["num_hidden_layers"]))
+    w.add_feed_forward_length(int(config["intermediate_size"]))
+    w.add_head_count(heads)
+    w.add_head_count_kv(int(config.get("num_key_value_heads") or heads))
+    w.add_rope_dimension_count(head_dim)
+    if head_dim != int(config["hidden_size"]) // heads:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    w.add_rope_freq_base(rope_theta(config))
+    w.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-6)))
+    w.add_vocab_size(n_vocab)
+    w.add_quantization_version(2)
+    tokens, types = _vocab(checkpoint_dir, n_vocab, where)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    SpecialVocab(checkpoint_dir, load_merges=True, n_vocab=n_vocab).add_to_gguf(w, quiet=True)
+
+    types_written: dict[str, int] = {}
+    rounding: dict[str, dict[str, float]] = {}
+
+    def add(hf_name: str, data: np.ndarray, raw_dtype: Any, kind: str) -> None:
+        w.add_tensor(_gguf_name(hf_name), data, raw_dtype=raw_dtype)
+        types_written[kind] = types_written.get(kind, 0) + 1
+
+    quant_prefixes = set(prefixes)
+    for name in sorted(tensors):
+        prefix, _, leaf = name.rpartition(".")
+        if prefix in quant_prefixes:
+            if leaf != "weight_packed":
+                continue
+            s = _layer_scheme(tensors, prefix, schemes)
+            q = layer(tensors, prefix, s)
+            if (n := _rope_heads(prefix, config)) is not None:
+                q = QuantizedLayer(permute_rope_rows(q.q, n), permute_rope_rows(q.zero, n), permute_rope_rows(q.scale, n))
+            kind, blocks, r = encode_blocks(q, s.bits, s.symmetric)
+            add(f"{prefix}.weight", blocks, getattr(GGMLQuantizationType, kind), kind)
+            agg = rounding.setdefault(kind, {"scale_rel": 0.0, "m_rel": 0.0, "weight_abs": 0.0})
+            for k, v in r.items():
+                agg[k] = max(agg[k], v)
+            continue
+        x = np.asarray(tensors[name].detach().numpy() if hasattr(tensors[name], "detach") else tensors[name])
+        if name == "lm_head.weight" and tied:
+            continue  # llama.cpp reads a tied head from token_embd
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+            data, raw = _dense(x, prof.head)
+            add(name, data, raw, prof.head)
+        elif x.ndim == 1:  # norms: llama.cpp computes them in f32
+            add(name, np.ascontiguousarray(x, dtype=np.float32), None, "f32")
+        else:
+            if (n := _rope_heads(prefix, config)) is not None:
+                x = permute_rope_rows(x, n)
+            data, raw = _dense(x, prof.dense)
+            add(name, data, raw, prof.dense)
+    if "model.embed_tokens.weight" not in tensors:
+        raise ValueError(f"{checkpoint_dir}: no model.embed_tokens.weight tensor")
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return {"tensor_types": types_written, "rounding": rounding}
+
+
+def _versions() -> dict[str, str]:
+    import gguf
+
+    versions = {"gguf": getattr(gguf, "__version__", None) or _dist_version("gguf")}
+    try:
+        import llama_cpp
+
+        versions["llama_cpp_python"] = llama_cpp.__version__
+    except ImportError:
+        versions["llama_cpp_python"] = "not installed"
+    return versions
+
+
+def _dist_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
+    """Write a dense or compressed-tensors checkpoint as a llama.cpp GGUF engine directory."""
+    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
+    prof = validate_profile(BACKEND, profile)
+    config = read_config(checkpoint_dir)
+    _check_architecture(config, f"{checkpoint_dir}/config.json")
+    dequantized: str | None = None
+    try:
+        schemes = detect_schemes(checkpoint_dir)  # raises ValueError before any work for unsupported schemes
+    except InexactWeights as e:
+        if prof.inexact_weights == "error":
+            raise
+        schemes, dequantized = None, str(e)
+    checkpoint_sha = sha256_tree(checkpoint_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    edir.clear_meta(out_dir)
+    dense_state = None
+    if dequantized:
+        dense_state = {k: v.float() for k, v in load_dequantized(checkpoint_dir).state_dict().items()}
+    try:
+        written = write_gguf(checkpoint_dir, out_dir / GGUF_FILE, prof, dense_state)
+    except InexactWeights as e:  # a layer's shapes no block holds: the same fallback, decided per checkpoint
+        if prof.inexact_weights == "error":
+            raise
+        dequantized = str(e)
+        dense_state = {k: v.float() for k, v in load_dequantized(checkpoint_dir).state_dict().items()}
+        written = write_gguf(checkpoint_dir, out_dir / GGUF_FILE, prof, dense_state)
+    copied = copy_tokenizer_files(checkpoint_dir, out_dir)
+    # the report's engine column: the decoder linears' block types ("q4_1", "q4_0+q8_0"), or the dense type
+    blocks = sorted(t.lower() for t in written["tensor_types"] if t.startswith("Q"))
+    precision = "+".join(blocks) if schemes else prof.dense
+    return edir.write_meta(out_dir, edir.EngineMeta(
+        backend=BACKEND,
+        format=FORMAT,
+        precision=precision,
+        checkpoint_sha256=checkpoint_sha,
+        dequantized=dequantized and {"reason": dequantized, "checkpoint_quantization": config["quantization_config"]},
+        files=[GGUF_FILE],
+        tokenizer_files=copied,
+        build_identity=build_identity(),
+        **_versions(),
+        writer=WRITER,
+        profile=prof.model_dump(),
+        quantization={name: s.summary() for name, s in (schemes or {}).items()} or None,
+        tensor_types=written["tensor_types"],
+        rounding=written["rounding"],
+        sampling={"method": "exact: the full fp32 logits of each step (llama_get_logits_ith)", "parameters": list(PARAMETERS)},
+        checkpoint=str(checkpoint_dir.resolve()),
+        device=device_fingerprint(),
+    ))
+
+
+# --------------------------------------------------------------------------------------------
+# Runtime
+# --------------------------------------------------------------------------------------------
+
+
+def build_identity() -> str:
+    """What decides whether an engine built earlier still loads here: the writer and the llama.cpp it targets."""
+    v = _versions()
+    return f"{BACKEND} {WRITER}, gguf {v['gguf']}, llama-cpp-python {v['llama_cpp_python']}"
+
+
+def check_compatible(engine_dir: Path) -> None:
+    """Raise EngineIncompatibleError (naming both sides) if this machine cannot run the engine."""
+    meta = edir.check_meta(engine_dir, BACKEND)
+    if meta.extra("writer") != WRITER:
+        raise EngineIncompatibleError(f"{engine_dir}: engine written by {meta.extra('writer')!r}, this device reads "
+                                      f"{WRITER!r} (rebuild the engine)")
+    have = _versions()["llama_cpp_python"]
+    if have == "not installed":
+        raise EngineIncompatibleError(f"{engine_dir}: engine needs llama-cpp-python (built with "
+                                      f"{meta.extra('llama_cpp_python')}); this device has none (pip install -e .)")
+    # No ISA requirement: the GGUF file holds no machine code; the llama.cpp library picks its kernels.
+
+
+@dataclass
+class LlamaCppSession:
+    """Opaque handle returned by `load`: llama.cpp contexts over one memory-mapped GGUF file."""
+
+    model_path: Path
+    engine_dir: Path
+    meta: dict[str, Any]
+    vocab_size: int
+    context_length: int
+    threads: int
+    n_batch: int
+    contexts: int
+    _idle: queue.LifoQueue = field(default_factory=queue.LifoQueue)
+    _created: int = 0
+    _scorer: Any = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    score_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _new(self, logits_all: bool) -> Any:
+        from llama_cpp import Llama
+
+        return Llama(model_path=str(self.model_path), n_ctx=self.context_length, n_batch=self.n_batch,
+                     n_ubatch=self.n_batch, n_threads=self.threads, n_threads_batch=self.threads,
+                     logits_all=logits_all, verbose=False)
+
+    def acquire(self) -> Any:
+        """An idle generation context, or a new one while fewer than `contexts` exist (else wait for one)."""
+        with self._lock:
+            if self._idle.empty() and self._created < self.contexts:
+                self._created += 1
+                return self._new(False)
+        return self._idle.get()
+
+    def release(self, llm: Any) -> None:
+        self._idle.put(llm)
+
+    def close(self) -> None:
+        """Free every llama.cpp context now (at interpreter exit llama-cpp-python's own finalizers find ctypes gone)."""
+        with self._lock:
+            contexts = [self._idle.get_nowait() for _ in range(self._idle.qsize())]
+            if self._scorer is not None:
+                contexts.append(self._scorer)
+            self._scorer, self._created = None, 0
+        for llm in contexts:
+            llm.close()
+
+    def scorer(self) -> Any:
+        """The context that keeps logits for every position (created on first use)."""
+        with self._lock:
+            if self._scorer is None:
+                self._scorer = self._new(True)
+            return self._scorer
+
+
+def load(engine_dir: Path) -> LlamaCppSession:
+    """Check compatibility; contexts are created on first use (a generation context per concurrent call)."""
+    engine_dir = Path(engine_dir)
+    check_compatible(engine_dir)
+    meta = edir.read_meta(engine_dir).model_dump(mode="json")
+    prof = Profile.model_validate(meta.get("profile") or {})
+    config = json.loads((engine_dir / "config.json").read_text()) if (engine_dir / "config.json").exists() else {}
+    session = LlamaCppSession(
+        model_path=engine_dir / GGUF_FILE, engine_dir=engine_dir, meta=meta,
+        vocab_size=_gguf_vocab(engine_dir / GGUF_FILE),
+        context_length=min(prof.n_ctx, int(config.get("max_position_embeddings", prof.n_ctx))),
+        threads=threads_from_env(), n_batch=prof.n_batch, contexts=prof.contexts,
+    )
+    session.release(session.acquire())  # one context now: a broken file fails the load, not the first request
+    atexit.register(session.close)
+    return session
+
+
+def _gguf_vocab(path: Path) -> int:
+    from gguf import GGUFReader
+
+    field_ = GGUFReader(str(path)).get_field("llama.vocab_size")
+    return int(field_.contents()) if field_ is not None else 0
+
+
+def _last_logits(llm: Any, n_vocab: int) -> np.ndarray:
+    import llama_cpp
+
+    ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+    return np.ctypeslib.as_array(ptr, shape=(n_vocab,)).astype(np.float32, copy=True)
+
+
+def generate(
+    session: LlamaCppSession, input_ids: list[int], max_new_tokens: int, stop_token_ids: Sequence[int],
+    sampling: SamplingParams | None = None,
+) -> Iterator[int]:
+    """Decode with the KV cache of a pooled context; yields each new token id (never a stop id)."""
+    if not input_ids:
+        raise ValueError("input_ids is empty")
+    if max_new_tokens <= 0:
+        return
+    if len(input_ids) + max_new_tokens > session.context_length:
+        raise ValueError(f"{len(input_ids)} prompt tokens + {max_new_tokens} new tokens exceed the engine's context "
+                         f"length {session.context_length} (engine.profile.n_ctx)")
+    stops = set(int(t) for t in stop_token_ids)
+    llm = session.acquire()
+    try:
+        llm.reset()
+        llm.eval(list(map(int, input_ids)))
+        sampler = None if sampling is None or sampling.plain_greedy else Sampler(sampling, input_ids)
+        ids = np.arange(session.vocab_size)
+        for i in range(max_new_tokens):
+            logits = _last_logits(llm, session.vocab_size)
+            token = int(np.argmax(logits)) if sampler is None else sampler.choose(ids, logits)
+            if token in stops:
+                break
+            yield token
+            if i + 1 < max_new_tokens:
+                llm.eval([int(token)])
+    finally:
+        session.release(llm)
+
+
+def sampling_support() -> frozenset[str]:
+    """Every sampling parameter: the draw reads the full fp32 logits of each step."""
+    return frozenset(PARAMETERS)
+
+
+def score(session: LlamaCppSession, input_ids: list[int]) -> np.ndarray:
+    """Teacher-forced logits for every position: float32 [len(input_ids), vocab]."""
+    if not input_ids:
+        raise ValueError("input_ids is empty")
+    if len(input_ids) > session.context_length:
+        raise ValueError(f"{len(input_ids)} tokens exceed the engine's context length {session.context_length}")
+    llm = session.scorer()
+    with session.score_lock:  # one scoring context: calls take turns
+        llm.reset()
+        llm.eval(list(map(int, input_ids)))
+        return np.array(llm.scores[: len(input_ids), : session.vocab_size], dtype=np.float32)
