@@ -132,7 +132,7 @@ def _hf_greedy(model_dir: Path, prompts: list[list[int]], stop: list[int], dequa
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", action="append", required=True, help="NAME=DIR; the one named fp32 is the FP model")
+    ap.add_argument("--checkpoint", action="append", default=[], help="NAME=DIR; the one named fp32 is the FP model")
     ap.add_argument("--backends", default="cpu_native,llama_cpp")
     ap.add_argument("--library", action="append", default=[], help="LABEL=PATH of another libllama.so for llama_cpp")
     ap.add_argument("--rounds", type=int, default=3)
@@ -153,7 +153,7 @@ def main() -> int:
     from tasks.evaluation.gate import eval_texts, greedy_prompts, tokenize
 
     ckpts = dict(c.split("=", 1) for c in a.checkpoint)
-    if "fp32" not in ckpts:
+    if not ckpts or "fp32" not in ckpts:
         ap.error("--checkpoint fp32=DIR (the FP model) is required")
     fp = Path(ckpts["fp32"])
     tok = AutoTokenizer.from_pretrained(fp)
