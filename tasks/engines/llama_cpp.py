@@ -473,7 +473,7 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
     copied = copy_tokenizer_files(checkpoint_dir, out_dir)
     # the report's engine column: the decoder linears' block types ("q4_1", "q4_0+q8_0"), or the dense type
     blocks = sorted(t.lower() for t in written["tensor_types"] if t.startswith("Q"))
-    precision = "+".join(blocks) if schemes else prof.dense
+    precision = "+".join(blocks) if schemes else {"f32": "fp32", "f16": "fp16"}[prof.dense]
     return edir.write_meta(out_dir, edir.EngineMeta(
         backend=BACKEND,
         format=FORMAT,

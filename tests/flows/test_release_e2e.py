@@ -388,6 +388,40 @@ def test_gate_nobody_can_pass_keeps_aliases_recalibrates_and_reports(services, t
     assert rows["mixed-w8attn-w4mlp"]["engine_precision"] == "fp32 (dequantized)" and not rows["mixed-w8attn-w4mlp"]["passed"]
 
 
+def test_a_release_on_the_llama_cpp_engine_builds_gates_and_registers_gguf_variants(services, tmp_path):
+    """The same chain with `engine.backend: llama_cpp`: distillation, calibration and quantization come from the
+    first test's cache; each variant's GGUF engine is built and gated on the orin pool, and the report's engine
+    column names the llama.cpp block types the checkpoints were written as."""
+    import yaml
+    from mlflow import MlflowClient
+    from prefect.deployments import run_deployment
+
+    data = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
+    data["name"] = "tiny-llama-cpp"  # not test-tiny-*: other tests read the newest test-tiny report
+    data["engine"] = {"backend": "llama_cpp"}
+    # llama.cpp multiplies int8-quantized activations: the 3-step student's flat distributions flip some argmaxes
+    data["gate"].update(min_engine_parity=0.5, recalibration_attempts=0)
+    data["registry"]["model_name"] = "edgeflow-tiny-llama-cpp"
+    path = tmp_path / "llama-cpp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    c = MlflowClient(services["MLFLOW_TRACKING_URI"])
+    before = _stage_runs(c)
+
+    fr = run_deployment("release/release", parameters={"profile": str(path), "deploy": "none"}, timeout=1800)
+    assert fr.state.is_completed(), fr.state.message
+    report = fr.state.result()
+    rows = {r["name"]: r for r in report["variants"]}
+    assert {n: r["engine_precision"] for n, r in rows.items()} == {"fp32": "fp32", "awq-w4a16": "q4_1", "gptq-w4a16": "q4_0"}
+    assert rows["fp32"]["top1_agreement"] > 0.99 and rows["fp32"]["engine_parity"] > 0.99  # f32 GGUF = the HF student
+    assert all(r["engine_parity"] >= 0.5 and r["decode_tok_s"] > 0 for r in rows.values()), rows
+    after = _stage_runs(c)
+    changed = {s for s in after if after[s] != before.get(s, 0)}
+    assert not {s for s in changed if s.startswith(("distill", "calibrate", "quantize"))}, changed  # cached upstream
+    assert {"build-engine-fp32", "build-engine-awq-w4a16", "build-engine-gptq-w4a16", "consistency"} <= changed
+    staging = c.get_model_version_by_alias("edgeflow-tiny-llama-cpp", "staging")
+    assert staging.tags["edgeflow.variant"] == report["staging"]
+
+
 def test_calibration_overlapping_the_eval_set_fails_before_quantization(services, tmp_path):
     """Point the gate's chat eval set at the chat calibration source: the calibrate stage fails naming examples."""
     import yaml

@@ -258,7 +258,7 @@ def test_a_scheme_no_block_holds_builds_dense_or_is_refused(lc_checkpoints, tmp_
         llama_cpp.build(lc_checkpoints["asym8"], tmp_path / "refused", {"inexact_weights": "error"})
     assert not (tmp_path / "refused" / "engine.json").exists()
     meta = llama_cpp.build(lc_checkpoints["asym8"], tmp_path / "dense", {})
-    assert meta["precision"] == "f32" and "symmetric=False" in meta["dequantized"]["reason"]
+    assert meta["precision"] == "fp32" and "symmetric=False" in meta["dequantized"]["reason"]
     got = _gguf_weights(tmp_path / "dense")
     want = load_dequantized(lc_checkpoints["asym8"]).state_dict()["model.layers.0.mlp.down_proj.weight"].numpy()
     assert np.array_equal(got["blk.0.ffn_down.weight"], want)
