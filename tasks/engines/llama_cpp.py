@@ -579,11 +579,10 @@ def load(engine_dir: Path) -> LlamaCppSession:
     check_compatible(engine_dir)
     meta = edir.read_meta(engine_dir).model_dump(mode="json")
     prof = Profile.model_validate(meta.get("profile") or {})
-    config = json.loads((engine_dir / "config.json").read_text()) if (engine_dir / "config.json").exists() else {}
+    vocab, trained_ctx = _gguf_sizes(engine_dir / GGUF_FILE)
     session = LlamaCppSession(
-        model_path=engine_dir / GGUF_FILE, engine_dir=engine_dir, meta=meta,
-        vocab_size=_gguf_vocab(engine_dir / GGUF_FILE),
-        context_length=min(prof.n_ctx, int(config.get("max_position_embeddings", prof.n_ctx))),
+        model_path=engine_dir / GGUF_FILE, engine_dir=engine_dir, meta=meta, vocab_size=vocab,
+        context_length=min(prof.n_ctx, trained_ctx),
         threads=threads_from_env(), n_batch=prof.n_batch, contexts=prof.contexts,
     )
     session.release(session.acquire())  # one context now: a broken file fails the load, not the first request
@@ -591,11 +590,15 @@ def load(engine_dir: Path) -> LlamaCppSession:
     return session
 
 
-def _gguf_vocab(path: Path) -> int:
+def _gguf_sizes(path: Path) -> tuple[int, int]:
+    """(vocabulary, trained context length) as the GGUF file states them (the engine directory has no config.json)."""
     from gguf import GGUFReader
 
-    field_ = GGUFReader(str(path)).get_field("llama.vocab_size")
-    return int(field_.contents()) if field_ is not None else 0
+    reader = GGUFReader(str(path))
+    vocab, ctx = reader.get_field("llama.vocab_size"), reader.get_field("llama.context_length")
+    if vocab is None or ctx is None:
+        raise EngineIncompatibleError(f"{path}: no llama.vocab_size / llama.context_length; rebuild the engine")
+    return int(vocab.contents()), int(ctx.contents())
 
 
 def _last_logits(llm: Any, n_vocab: int) -> np.ndarray:

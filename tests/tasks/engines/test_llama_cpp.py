@@ -264,6 +264,14 @@ def test_a_scheme_no_block_holds_builds_dense_or_is_refused(lc_checkpoints, tmp_
     assert np.array_equal(got["blk.0.ffn_down.weight"], want)
 
 
+def test_the_context_is_capped_at_the_trained_length(lc_checkpoints, tmp_path):
+    llama_cpp.build(lc_checkpoints["sym4"], tmp_path / "long", {"n_ctx": 16384, "contexts": 1})
+    trained = json.loads((lc_checkpoints["sym4"] / "config.json").read_text())["max_position_embeddings"]
+    session = llama_cpp.load(tmp_path / "long")
+    assert trained < 16384 and session.context_length == trained
+    session.close()
+
+
 def test_check_compatible_names_both_sides(lc_engines, tmp_path):
     import shutil
 
