@@ -1,7 +1,7 @@
 """The CPU engines side by side on the same checkpoints: cpu_native, cpu (onnxruntime-genai) and llama_cpp.
 
     python benchmarks/engines_vs_llamacpp.py --checkpoint fp32=DIR --checkpoint gptq=DIR --rounds 3 \
-        [--library native=/path/to/libllama.so] [--backends cpu_native,llama_cpp] [--out results.json]
+        [--library native=/path/to/libllama.so] [--backends cpu_native,llama_cpp] [--busy 1] [--out results.json]
 
 Every quantized checkpoint (llm-compressor's output) is built by each backend with its default profile, and by
 llama_cpp also with a q8_0 head (what llama.cpp's own Q4 files use). `--library LABEL=PATH` adds runs of the
@@ -14,6 +14,8 @@ process, before round r+1 starts. Per engine it reports the median over rounds o
   2-stream tok/s two generations at once, all tokens / wall time
 and, once, greedy agreement on the gate's prompts (data/eval, 16 tokens each): exact match and matching
 prefix share against the FP model and against the checkpoint's fake-quantized model (both Hugging Face, fp32).
+`--busy N` keeps N other CPU-bound processes running during the timed rounds: an edge device shares its cores
+with the rest of the server, and engines that spin while they wait behave very differently there.
 Prints a markdown table and the machine (CPU model, ISA flags, compiler, llama.cpp system info), and writes JSON.
 """
 from __future__ import annotations
@@ -90,6 +92,8 @@ def worker(spec: dict) -> dict:
     if spec.get("greedy_prompts"):
         out["continuations"] = [list(map(int, backend.generate(session, p, GREEDY_TOKENS, spec["stop"])))
                                 for p in spec["greedy_prompts"]]
+    if spec["backend"] == "cpu_native":
+        out["team"] = session.team_stats()  # the wait policy its probes chose
     if spec["backend"] == "llama_cpp":
         import llama_cpp as lc
 
@@ -130,6 +134,31 @@ def _hf_greedy(model_dir: Path, prompts: list[list[int]], stop: list[int], dequa
     return out
 
 
+def _rounds(a, engines: list[dict], results: dict, refs: dict, prompts, speed_prompt, stop) -> None:
+    for r in range(a.rounds):
+        for e in engines:
+            spec = {"backend": e["backend"], "engine": e["engine"], "prompt": speed_prompt, "new_tokens": a.new_tokens,
+                    "greedy_prompts": prompts if r == 0 else [], "stop": stop}
+            spec_file = a.work / "spec.json"
+            spec_file.write_text(json.dumps(spec))
+            env = os.environ | ({"LLAMA_CPP_LIB_PATH": str(Path(e["library"]).parent)} if e["library"] else {})
+            p = subprocess.run([sys.executable, __file__, "--worker", str(spec_file)], capture_output=True, text=True, env=env)
+            if p.returncode:  # e.g. a llama.cpp build using instructions this machine does not enable: recorded, not fatal
+                why = f"signal {-p.returncode}" if p.returncode < 0 else f"exit {p.returncode}"
+                results[e["name"]]["failed"] = f"{why}: {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ''}"
+                print(f"round {r}: {e['name']}: worker failed ({why})", file=sys.stderr)
+                continue
+            got = json.loads(p.stdout.strip().splitlines()[-1])
+            if r == 0:
+                results[e["name"]]["vs_fp"] = _agreement(refs["fp32"], got["continuations"])
+                results[e["name"]]["vs_fakeq"] = _agreement(refs.get(e["checkpoint"], refs["fp32"]), got["continuations"])
+                results[e["name"]]["llama_system_info"] = got.get("llama_system_info")
+            results[e["name"]]["rounds"].append({k: got[k] for k in ("decode_tok_s", "prefill_tok_s", "ttft_ms", "two_stream_tok_s")})
+            team = f" (team {got['team']})" if got.get("team") else ""
+            results[e["name"]].setdefault("teams", []).append(got.get("team"))
+            print(f"round {r}: {e['name']}: {got['decode_tok_s']:.1f} tok/s{team}", file=sys.stderr)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", action="append", default=[], help="NAME=DIR; the one named fp32 is the FP model")
@@ -140,6 +169,7 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--gate-prompts", type=int, default=24)
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "edgeflow-engines-vs-llamacpp")
+    ap.add_argument("--busy", type=int, default=0, help="CPU-bound processes kept running during the timed rounds")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -186,29 +216,16 @@ def main() -> int:
             refs[cname] = _hf_greedy(Path(cdir), prompts, stop, dequantized=True)
 
     results = {e["name"]: {"rounds": []} | e for e in engines}
-    for r in range(a.rounds):
-        for e in engines:
-            spec = {"backend": e["backend"], "engine": e["engine"], "prompt": speed_prompt, "new_tokens": a.new_tokens,
-                    "greedy_prompts": prompts if r == 0 else [], "stop": stop}
-            spec_file = a.work / "spec.json"
-            spec_file.write_text(json.dumps(spec))
-            env = os.environ | ({"LLAMA_CPP_LIB_PATH": str(Path(e["library"]).parent)} if e["library"] else {})
-            p = subprocess.run([sys.executable, __file__, "--worker", str(spec_file)], capture_output=True, text=True, env=env)
-            if p.returncode:  # e.g. a llama.cpp build using instructions this machine does not enable: recorded, not fatal
-                why = f"signal {-p.returncode}" if p.returncode < 0 else f"exit {p.returncode}"
-                results[e["name"]]["failed"] = f"{why}: {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ''}"
-                print(f"round {r}: {e['name']}: worker failed ({why})", file=sys.stderr)
-                continue
-            got = json.loads(p.stdout.strip().splitlines()[-1])
-            if r == 0:
-                results[e["name"]]["vs_fp"] = _agreement(refs["fp32"], got["continuations"])
-                results[e["name"]]["vs_fakeq"] = _agreement(refs.get(e["checkpoint"], refs["fp32"]), got["continuations"])
-                results[e["name"]]["llama_system_info"] = got.get("llama_system_info")
-            results[e["name"]]["rounds"].append({k: got[k] for k in ("decode_tok_s", "prefill_tok_s", "ttft_ms", "two_stream_tok_s")})
-            print(f"round {r}: {e['name']}: {got['decode_tok_s']:.1f} tok/s", file=sys.stderr)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.busy)]
+    try:
+        _rounds(a, engines, results, refs, prompts, speed_prompt, stop)
+    finally:
+        for p in busy:
+            p.kill()
 
     print(f"\nmachine: {json.dumps(machine())}; threads: {os.environ.get('EDGEFLOW_ENGINE_THREADS', 'all')}; "
-          f"prompt {a.prompt_tokens} tokens, {a.new_tokens} new, median of {a.rounds} alternating rounds\n")
+          f"prompt {a.prompt_tokens} tokens, {a.new_tokens} new, median of {a.rounds} alternating rounds"
+          f"{f', {a.busy} busy processes beside them' if a.busy else ''}\n")
     print("| engine | precision | decode tok/s | prefill tok/s | TTFT ms | 2-stream tok/s | greedy = FP | = fake-quant |")
     print("|---|---|---|---|---|---|---|---|")
     for name, res in results.items():

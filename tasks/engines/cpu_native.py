@@ -31,10 +31,12 @@ sizes multiples of 64 (int4) or 8 (fp32), head_dim a multiple of 16. Anything el
 at build time naming the field; the onnxruntime backend (`engine.backend: cpu`) covers those.
 
 The C source is compiled once per (source, compiler, flags) into $EDGEFLOW_NATIVE_CACHE (default
-~/.cache/edgeflow/native) with `cc -O3 -mavx2 -mfma -mf16c -fopenmp -shared -fPIC`; engine.json
+~/.cache/edgeflow/native) with `cc -O3 -mavx2 -mfma -mf16c -pthread -shared -fPIC`; engine.json
 records the source's sha256 and `check_compatible` refuses an engine built from another source, or a
 CPU without AVX2/FMA. `load`, `generate` and `score` use numpy and ctypes only (no torch import).
-Threads: $EDGEFLOW_ENGINE_THREADS, else every CPU this process may use.
+Threads: $EDGEFLOW_ENGINE_THREADS, else every CPU this process may use; each session owns a team of them
+(q4.c's team_*), whose idle workers spin for $EDGEFLOW_ENGINE_SPIN_US microseconds (yielding the core to
+anything else runnable) before they sleep. `SPIN_US_DEFAULT` says why the default is what it is.
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -79,13 +82,20 @@ WEIGHTS = "weights.safetensors"
 FORMAT_VERSION = 2  # 2: int4 words of 4 nibbles for the int16-activation kernels; row-major int8 head
 SOURCE = Path(__file__).resolve().parent / "native" / "q4.c"
 CACHE_ENV = "EDGEFLOW_NATIVE_CACHE"
-CC_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
+CC_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC")
 REQUIRED_ISA = ("avx2", "fma", "f16c")
 GROUP = 64
 MAX_ROWS = 4  # streams decoded together (one row each per step)
 STEP_ROWS = 16  # rows one llama_step call carries (q4.c's STEP_ROWS): prefill chunks of one or several prompts
 IDLE_EXIT_S = 2.0  # an idle scheduler thread ends after this long (restarted by the next generate)
 FIX = "use engine.backend: cpu (onnxruntime) for this checkpoint or machine"
+SPIN_ENV = "EDGEFLOW_ENGINE_SPIN_US"
+# How long an idle team worker spins (yielding its core to anything runnable every ~64 pauses) before it
+# sleeps. Measured on the 2-core Intel VM, 30-layer int4 model, 1 stream (BENCHMARKS.md "thread team"):
+# sleeping at once costs a futex wake-up of an idle vCPU per region (~200 regions a token); a spin that
+# outlasts the gaps between regions and between tokens (~0.1 ms of Python) avoids them, and a longer one
+# buys nothing on a quiet machine and costs CPU on a busy one.
+SPIN_US_DEFAULT = 200
 
 class Profile(BaseModel):
     """`engine.profile` of the cpu_native backend (validated when the edgeflow profile loads)."""
@@ -172,38 +182,28 @@ def compile_kernels() -> tuple[Path, dict[str, Any]]:
     return lib, facts
 
 
-def _load_library(path: Path) -> ctypes.CDLL:
-    """dlopen the kernels. Their OpenMP runtime (the system libgomp, which torch wheels do not share: they
-    bundle their own) waits passively unless OMP_WAIT_POLICY or GOMP_SPINCOUNT says otherwise. Why: on a
-    quiet 2-core box a short spin (GOMP_SPINCOUNT=20000) made one stream ~1.3x faster, but with one other
-    busy process it fell from 92 to 16 tok/s (spinning workers starve the thread they wait for); an edge
-    device serving HTTP is never quiet. libgomp reads these once, when it is first loaded, so the policy
-    is set only around this dlopen and the process environment is left as it was."""
-    old = os.environ.get("OMP_WAIT_POLICY")
-    if old is None and "GOMP_SPINCOUNT" not in os.environ:
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    try:
-        return ctypes.CDLL(str(path))
-    finally:
-        if old is None:
-            os.environ.pop("OMP_WAIT_POLICY", None)
-
-
 def _library() -> ctypes.CDLL:
     path, _ = compile_kernels()
     with _LIB_LOCK:
         if str(path) not in _LIBS:
-            lib = _load_library(path)
+            lib = ctypes.CDLL(str(path))
             P, I, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-            lib.q4i_gemm.argtypes = [P, I, I, I, P, P, P, P, I]
-            lib.f32_gemm.argtypes = [P, I, I, I, P, P, I]
-            lib.head_argmax.argtypes = [P, I, I, I, I, P, P, P, P, P, P, P, I, P, P, I]
-            lib.q8i_gemm.argtypes = [P, I, I, I, P, P, P, P, I]
+            L = ctypes.c_long
+            # every kernel's last argument is the session's team (team_create), or None for one thread
+            lib.q4i_gemm.argtypes = [P, I, I, I, P, P, P, P, P]
+            lib.f32_gemm.argtypes = [P, I, I, I, P, P, P]
+            lib.head_argmax.argtypes = [P, I, I, I, I, P, P, P, P, P, P, P, I, P, P, P]
+            lib.q8i_gemm.argtypes = [P, I, I, I, P, P, P, P, P]
             lib.llama_scratch_floats.argtypes = [I, I, I, I, I, I, I]
-            lib.llama_scratch_floats.restype = ctypes.c_long
-            lib.llama_step.argtypes = [I, P, P, P, P, I, I, I, I, I, I, F, P, P, I, I, P, P, P, P, P, I]
-            for name in ("q4i_gemm", "f32_gemm", "head_argmax", "q8i_gemm", "llama_step"):
+            lib.llama_scratch_floats.restype = L
+            lib.llama_step.argtypes = [I, P, P, P, P, I, I, I, I, I, I, F, P, P, I, I, P, P, P, P, P, P]
+            for name in ("q4i_gemm", "f32_gemm", "head_argmax", "q8i_gemm", "llama_step", "team_destroy"):
                 getattr(lib, name).restype = None
+            lib.team_create.argtypes, lib.team_create.restype = [I, L], P
+            lib.team_destroy.argtypes = [P]
+            for name in ("team_threads", "team_spinning", "team_regions", "team_sleeps", "team_probes", "team_probes_spin"):
+                getattr(lib, name).argtypes = [P]
+                getattr(lib, name).restype = I if name in ("team_threads", "team_spinning") else L
             lib.llama_step_rows.argtypes = []
             if lib.llama_step_rows() != STEP_ROWS:  # the scratch buffers are sized by it
                 raise RuntimeError(f"{path}: q4.c carries {lib.llama_step_rows()} rows per step, this module {STEP_ROWS}")
@@ -463,6 +463,7 @@ class NativeSession:
     cos: np.ndarray
     sin: np.ndarray
     threads: int
+    team: int | None  # q4.c's team_t* (None: one thread); destroyed when the session is collected
     max_candidates: int
     vocab_size: int
     context_length: int
@@ -473,6 +474,13 @@ class NativeSession:
                                                          "sampling_excluded_mass_max": 0.0})
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _scheduler: Any = None  # the session's _Scheduler, created by the first generate call
+
+    def team_stats(self) -> dict[str, int]:
+        """The thread team's counters: parallel regions run, waits that ended asleep, wait-policy probes
+        (and how many chose spinning), and the policy now in force (1: spin first)."""
+        lib, t = self.lib, self.team
+        return {"threads": self.threads, "regions": lib.team_regions(t), "sleeps": lib.team_sleeps(t),
+                "probes": lib.team_probes(t), "probes_spin": lib.team_probes_spin(t), "spinning": lib.team_spinning(t)}
 
     @property
     def embed(self) -> np.ndarray:
@@ -516,11 +524,31 @@ def load(engine_dir: Path) -> NativeSession:
             row += [_ptr(w), _ptr(t[f"layers.{i}.{fused}.s"]) if kind == 0 else 0, _ptr(t[f"layers.{i}.{fused}.z"]) if kind == 0 else 0]
         rows.append(row + [kind, 0])
     cos, sin = _rope_tables(arch["rope_theta"], arch["head_dim"], arch["context_length"])
-    return NativeSession(
+    threads = threads_from_env()
+    team = lib.team_create(threads, spin_us_from_env() * 1000)
+    session = NativeSession(
         lib=lib, engine_dir=engine_dir, meta=meta, arch=arch, tensors=t, layers=np.asarray(rows, dtype=np.int64),
-        cos=cos, sin=sin, threads=threads_from_env(), max_candidates=int(meta["profile"]["max_candidates"]),
+        cos=cos, sin=sin, threads=lib.team_threads(team), team=team, max_candidates=int(meta["profile"]["max_candidates"]),
         vocab_size=int(meta["lm_head"]["vocab_size"]), context_length=int(arch["context_length"]),
     )
+    if team:
+        weakref.finalize(session, lib.team_destroy, team)  # the workers stop and are joined with the session
+    return session
+
+
+def spin_us_from_env() -> int:
+    """$EDGEFLOW_ENGINE_SPIN_US (0: workers sleep at once), else SPIN_US_DEFAULT."""
+    value = os.environ.get(SPIN_ENV)
+    if not value:
+        return SPIN_US_DEFAULT
+    try:
+        spin = int(value)
+    except ValueError:
+        spin = -1
+    if not 0 <= spin <= 1_000_000:
+        raise ValueError(f"{SPIN_ENV}={value!r}: must be an integer from 0 to 1000000 (microseconds an idle engine "
+                         f"thread spins before it sleeps; default {SPIN_US_DEFAULT})")
+    return spin
 
 
 class _Decoder:
@@ -552,7 +580,7 @@ class _Decoder:
                          a["hidden_size"], a["num_attention_heads"], a["num_key_value_heads"], a["head_dim"],
                          a["intermediate_size"], a["rms_norm_eps"], _ptr(self.kc), _ptr(self.vc), self.slots,
                          self.max_len, _ptr(s.cos), _ptr(s.sin), _ptr(s.tensors["norm"]), _ptr(out),
-                         _ptr(self.scratch), s.threads)
+                         _ptr(self.scratch), s.team)
         return out
 
     def prefill(self, ids: Sequence[int], slot: int) -> np.ndarray:
@@ -603,7 +631,7 @@ def head_argmax(session: NativeSession, x: np.ndarray, max_candidates: int | Non
     scratch, cand, tok, nc = buffers.logits, buffers.cand, buffers.tok, buffers.nc
     session.lib.head_argmax(_ptr(x), m, k, v, vp, _ptr(t["head.q8"]), _ptr(t["head.q8_scale"]), _ptr(t["head.dn"]),
                             _ptr(t["head.en"]), _ptr(session.head), _ptr(scratch), _ptr(cand), cap, _ptr(tok), _ptr(nc),
-                            session.threads)
+                            session.team)
     ncand = nc[:m].tolist()
     with session._lock:
         st = session.stats
@@ -634,7 +662,7 @@ def head_sample(session: NativeSession, x: np.ndarray, sampler: Sampler) -> Toke
     vp = t["head.q8_scale"].shape[0]
     a = np.empty((1, vp), np.float32)
     dx = np.empty(1, np.float32)
-    session.lib.q8i_gemm(_ptr(x), 1, k, vp, _ptr(t["head.q8"]), _ptr(t["head.q8_scale"]), _ptr(a), _ptr(dx), session.threads)
+    session.lib.q8i_gemm(_ptr(x), 1, k, vp, _ptr(t["head.q8"]), _ptr(t["head.q8_scale"]), _ptr(a), _ptr(dx), session.team)
     xn = float(np.sqrt(np.dot(x[0].astype(np.float64), x[0].astype(np.float64)))) * 1.000001
     d = float(dx[0])
     c = d + _head_slack(k) * (xn + d)

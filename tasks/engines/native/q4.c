@@ -1,9 +1,18 @@
 // edgeflow cpu_native kernels: an int4 Llama decoder step for AVX2 + FMA CPUs (exact int4 weights,
 // int16 activations).
 //
-// Compiled by tasks/engines/cpu_native.py with `cc -O3 -mavx2 -mfma -mf16c -fopenmp -shared -fPIC` and
+// Compiled by tasks/engines/cpu_native.py with `cc -O3 -mavx2 -mfma -mf16c -pthread -shared -fPIC` and
 // called through ctypes (which releases the GIL). No global state: every function works only on the
-// buffers it is given, so concurrent calls with separate KV caches and scratch buffers are safe.
+// buffers it is given and on the thread team it is handed (0. below), so concurrent calls with separate KV
+// caches and scratch buffers are safe (a team runs one parallel region at a time; callers queue for it).
+//
+// 0. team_*: the session's own worker threads. A parallel region bumps a generation word; workers wait for
+//    it by spinning (pause, and a sched_yield every 64 rounds so that whatever else is runnable on that core
+//    goes first) for up to spin_ns, then sleep on a futex. Why not OpenMP's passive wait: a decoder step is
+//    ~200 regions of 10-60 us on the 30-layer model, and every futex wake-up of an idle vCPU cost about as
+//    much as the region (68 tok/s passive vs ~270 spinning on the 2-core Intel VM, BENCHMARKS.md). Why not
+//    OpenMP's spin: its workers spin without yielding, so on a busy machine they starve the thread they wait
+//    for (GOMP_SPINCOUNT=20000: 31 tok/s against 110 passive with one other busy process).
 //
 // 1. q4i_gemm: y[m, n] = sum_g s[n, g] * xs[m, g] * sum_{k in g} (q[n, k] - z[n, g]) * xq[m, k]  (group 64).
 //    q and z are the checkpoint's unsigned 4-bit integers (compressed-tensors stores q + 8; a symmetric
@@ -33,7 +42,15 @@
 //    step (a batched decode step, or the prompts of streams that arrived together).
 #include <immintrin.h>
 #include <math.h>
-#include <omp.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -43,8 +60,143 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
+
+// ---------------------------------------------------------------------------------------------- thread team
+// Which wait is faster depends on the machine's load and on where the scheduler puts our threads: on the
+// quiet 2-core VM spinning made a step ~4x faster, but with a busy process beside it the same spin made
+// some runs 5x slower (both our threads on one core, the spinner taking the worker's time slices). So the
+// team measures: every PROBE_EVERY decoder steps it runs PROBE_STEPS steps of the same shape spinning and
+// PROBE_STEPS sleeping, and keeps the faster. (A probe costs at most 8 of PROBE_EVERY steps in the slower
+// policy; a step of another shape restarts it.)
+#define PROBE_STEPS 4
+#define PROBE_EVERY 512
+#define PROBE_FIRST 8
+typedef void (*job_fn)(void* arg, int tid, int nth);
+typedef struct team {
+    int nt; long spin_ns;
+    pthread_t* th;
+    pthread_mutex_t lock;           // one region at a time
+    job_fn fn; void* arg;           // the region being run
+    _Atomic unsigned gen;           // futex word: bumped to start a region (or to stop)
+    _Atomic unsigned done;          // futex word: set to gen by the last worker to finish it
+    _Atomic int pending;            // workers still in the region
+    _Atomic int gen_sleepers, done_sleepers;
+    _Atomic int stop;
+    _Atomic int spinning;           // 1: waits spin up to spin_ns first; 0: they sleep at once
+    _Atomic long regions, sleeps;   // counters for the session's stats
+    // the wait-policy probe (team_step_*): steps left until the next probe, the probe's phase, its step
+    // shape (rows) and the summed step times of both policies
+    pthread_mutex_t probe_lock;
+    long until_probe; int phase, probe_rows; long probe_ns[2]; _Atomic long probes, probes_spin;
+} team_t;
+
+static long now_ns(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000L + t.tv_nsec; }
+
+// Wait until *w == target: spin up to spin_ns (yielding the core every 64 pauses), then sleep on the futex.
+static void wait_for(team_t* t, _Atomic unsigned* w, unsigned target, _Atomic int* sleepers) {
+    if (atomic_load_explicit(w, memory_order_acquire) == target) return;
+    if (t->spin_ns > 0 && atomic_load_explicit(&t->spinning, memory_order_relaxed)) {
+        const long t0 = now_ns();
+        for (int i = 1;; i++) {
+            if (atomic_load_explicit(w, memory_order_acquire) == target) return;
+            if ((i & 63) == 0) { if (now_ns() - t0 > t->spin_ns) break; sched_yield(); }
+            else _mm_pause();
+        }
+    }
+    atomic_fetch_add(sleepers, 1);
+    atomic_fetch_add_explicit(&t->sleeps, 1, memory_order_relaxed);
+    unsigned v;
+    while ((v = atomic_load(w)) != target) syscall(SYS_futex, w, FUTEX_WAIT_PRIVATE, v, NULL, NULL, 0);
+    atomic_fetch_sub(sleepers, 1);
+}
+
+static void wake(_Atomic unsigned* w, _Atomic int* sleepers) {
+    if (atomic_load(sleepers)) syscall(SYS_futex, w, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+typedef struct { team_t* t; int tid; } worker_arg;
+
+static void* team_worker(void* p) {
+    team_t* t = ((worker_arg*)p)->t; const int tid = ((worker_arg*)p)->tid; free(p);
+    for (unsigned seen = 0;;) {
+        wait_for(t, &t->gen, seen + 1, &t->gen_sleepers); seen++;
+        if (atomic_load(&t->stop)) return NULL;
+        t->fn(t->arg, tid, t->nt);
+        if (atomic_fetch_sub(&t->pending, 1) == 1) { atomic_store(&t->done, seen); wake(&t->done, &t->done_sleepers); }
+    }
+}
+
+// A team of nt threads (the caller of every region is thread 0, so nt - 1 are started). NULL if nt <= 1 or
+// a thread cannot be started (the kernels then run on the caller alone).
+void* team_create(int nt, long spin_ns) {
+    if (nt <= 1) return NULL;
+    team_t* t = (team_t*)calloc(1, sizeof(team_t));
+    if (!t) return NULL;
+    t->nt = nt; t->spin_ns = spin_ns; t->th = (pthread_t*)calloc((size_t)nt, sizeof(pthread_t));
+    pthread_mutex_init(&t->lock, NULL); pthread_mutex_init(&t->probe_lock, NULL);
+    atomic_store(&t->spinning, spin_ns > 0); t->until_probe = PROBE_FIRST;
+    for (int i = 1; i < nt; i++) {
+        worker_arg* a = (worker_arg*)malloc(sizeof(worker_arg)); a->t = t; a->tid = i;
+        if (pthread_create(&t->th[i], NULL, team_worker, a) != 0) { free(a); t->nt = i; break; }
+    }
+    return t;
+}
+
+void team_destroy(void* p) {
+    team_t* t = (team_t*)p;
+    if (!t) return;
+    pthread_mutex_lock(&t->lock);
+    atomic_store(&t->stop, 1); atomic_fetch_add(&t->gen, 1); wake(&t->gen, &t->gen_sleepers);
+    for (int i = 1; i < t->nt; i++) pthread_join(t->th[i], NULL);
+    pthread_mutex_unlock(&t->lock); pthread_mutex_destroy(&t->lock); pthread_mutex_destroy(&t->probe_lock);
+    free(t->th); free(t);
+}
+
+int team_threads(void* p) { return p ? ((team_t*)p)->nt : 1; }
+long team_regions(void* p) { return p ? atomic_load(&((team_t*)p)->regions) : 0; }
+long team_sleeps(void* p) { return p ? atomic_load(&((team_t*)p)->sleeps) : 0; }
+long team_probes(void* p) { return p ? atomic_load(&((team_t*)p)->probes) : 0; }
+long team_probes_spin(void* p) { return p ? atomic_load(&((team_t*)p)->probes_spin) : 0; }
+int team_spinning(void* p) { return p ? atomic_load(&((team_t*)p)->spinning) : 0; }
+
+static void team_step_begin(team_t* t, int rows) {
+    if (!t || t->spin_ns <= 0) return;
+    pthread_mutex_lock(&t->probe_lock);
+    if (t->phase == 0 && --t->until_probe <= 0) { t->phase = 1; t->probe_rows = rows; t->probe_ns[0] = t->probe_ns[1] = 0; }
+    if (t->phase > 0 && rows != t->probe_rows) { t->phase = 1; t->probe_rows = rows; t->probe_ns[0] = t->probe_ns[1] = 0; }
+    if (t->phase > 0) atomic_store(&t->spinning, t->phase <= PROBE_STEPS);
+    pthread_mutex_unlock(&t->probe_lock);
+}
+static void team_step_end(team_t* t, long ns) {
+    if (!t || t->spin_ns <= 0) return;
+    pthread_mutex_lock(&t->probe_lock);
+    if (t->phase > 0) {
+        t->probe_ns[t->phase <= PROBE_STEPS ? 1 : 0] += ns;
+        if (++t->phase > 2 * PROBE_STEPS) {
+            const int spin = t->probe_ns[1] <= t->probe_ns[0];
+            atomic_store(&t->spinning, spin); atomic_fetch_add(&t->probes, 1); atomic_fetch_add(&t->probes_spin, spin);
+            t->phase = 0; t->until_probe = PROBE_EVERY;
+        }
+    }
+    pthread_mutex_unlock(&t->probe_lock);
+}
+
+// fn(arg, tid, nth) on every thread of the team, the caller included; returns when all are done.
+static void team_run(team_t* t, job_fn fn, void* arg) {
+    if (!t) { fn(arg, 0, 1); return; }
+    pthread_mutex_lock(&t->lock);
+    t->fn = fn; t->arg = arg;
+    atomic_store(&t->pending, t->nt - 1);
+    const unsigned g = atomic_fetch_add(&t->gen, 1) + 1;
+    wake(&t->gen, &t->gen_sleepers);
+    fn(arg, 0, t->nt);
+    if (t->nt > 1) wait_for(t, &t->done, g, &t->done_sleepers);
+    atomic_fetch_add_explicit(&t->regions, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&t->lock);
+}
+
 // split the N/4 row tiles into nth contiguous chunks
-#define SPLIT int tid = omp_get_thread_num(), nth = omp_get_num_threads(); int tiles = N / 4;                \
+#define SPLIT int tiles = N / 4;                                                                        \
     int r0 = (int)((long)tiles * tid / nth) * 4, r1 = (int)((long)tiles * (tid + 1) / nth) * 4;
 
 // ---------------------------------------------------------------------------------------------- activations
@@ -117,26 +269,33 @@ static void q4a_rows_##MM(const int16_t* xq, const float* xs, int K, int N, cons
 }
 DEFINE_Q4A(1) DEFINE_Q4A(2) DEFINE_Q4A(3) DEFINE_Q4A(4)
 
-#define SPLIT_ROWS int tid = omp_get_thread_num(), nth = omp_get_num_threads();                              \
+#define SPLIT_ROWS \
     int r0 = (int)((long)N * tid / nth), r1 = (int)((long)N * (tid + 1) / nth);
 
 // Any M: one parallel region; each thread takes a range of weight rows and runs the activation rows over
 // it in chunks of 4 (each chunk sharing one unpack). K % 64 == 0.
-void q4i_gemm(const float* x, int M, int K, int N, const uint16_t* w, const float* s, const int16_t* z, float* y, int nt) {
+typedef struct { const int16_t* xq; const float* xs; int M, K, N; const uint16_t* w; const float* s; const int16_t* z; float* y; } q4_job;
+
+static void q4i_region(void* p, int tid, int nth) {
+    const q4_job* j = (const q4_job*)p; const int M = j->M, K = j->K, N = j->N, G = K / 64;
+    SPLIT_ROWS
+    for (int m0 = 0; m0 < M; m0 += 4) {
+        const int mm = M - m0 < 4 ? M - m0 : 4;
+        const int16_t* q = j->xq + (size_t)m0 * K; const float* a = j->xs + (size_t)m0 * G;
+        float* ym = j->y + (size_t)m0 * N;
+        switch (mm) { case 1: q4a_rows_1(q, a, K, N, j->w, j->s, j->z, ym, r0, r1); break;
+                      case 2: q4a_rows_2(q, a, K, N, j->w, j->s, j->z, ym, r0, r1); break;
+                      case 3: q4a_rows_3(q, a, K, N, j->w, j->s, j->z, ym, r0, r1); break;
+                      default: q4a_rows_4(q, a, K, N, j->w, j->s, j->z, ym, r0, r1); } }
+}
+
+void q4i_gemm(const float* x, int M, int K, int N, const uint16_t* w, const float* s, const int16_t* z, float* y, void* team) {
     const int G = K / 64;
     int16_t* xq = (int16_t*)_mm_malloc((size_t)M * K * sizeof(int16_t), 32);
     float* xs = (float*)_mm_malloc((size_t)M * G * sizeof(float), 32);
     quantize_rows(x, M, K, xq, xs);
-    #pragma omp parallel num_threads(nt)
-    { SPLIT_ROWS
-      for (int m0 = 0; m0 < M; m0 += 4) {
-          const int mm = M - m0 < 4 ? M - m0 : 4;
-          const int16_t* q = xq + (size_t)m0 * K; const float* a = xs + (size_t)m0 * G;
-          float* ym = y + (size_t)m0 * N;
-          switch (mm) { case 1: q4a_rows_1(q, a, K, N, w, s, z, ym, r0, r1); break;
-                        case 2: q4a_rows_2(q, a, K, N, w, s, z, ym, r0, r1); break;
-                        case 3: q4a_rows_3(q, a, K, N, w, s, z, ym, r0, r1); break;
-                        default: q4a_rows_4(q, a, K, N, w, s, z, ym, r0, r1); } } }
+    q4_job j = {xq, xs, M, K, N, w, s, z, y};
+    team_run((team_t*)team, q4i_region, &j);
     _mm_free(xq); _mm_free(xs);
 }
 
@@ -160,15 +319,22 @@ static void f32_rows_##MM(const float* x, int K, int N, const float* w, float* y
 DEFINE_F32(1) DEFINE_F32(2) DEFINE_F32(3) DEFINE_F32(4)
 
 // Any M; K % 8 == 0, N % 4 == 0.
-void f32_gemm(const float* x, int M, int K, int N, const float* w, float* y, int nt) {
+typedef struct { const float* x; int M, K, N; const float* w; float* y; } f32_job;
+
+static void f32_region(void* p, int tid, int nth) {
+    const f32_job* j = (const f32_job*)p; const int M = j->M, K = j->K, N = j->N; const float* w = j->w;
+    SPLIT
     for (int m0 = 0; m0 < M; m0 += 4) {
         const int mm = M - m0 < 4 ? M - m0 : 4;
-        const float* xm = x + (size_t)m0 * K; float* ym = y + (size_t)m0 * N;
-        #pragma omp parallel num_threads(nt)
-        { SPLIT
-          switch (mm) { case 1: f32_rows_1(xm, K, N, w, ym, r0, r1); break; case 2: f32_rows_2(xm, K, N, w, ym, r0, r1); break;
-                        case 3: f32_rows_3(xm, K, N, w, ym, r0, r1); break; default: f32_rows_4(xm, K, N, w, ym, r0, r1); } }
+        const float* xm = j->x + (size_t)m0 * K; float* ym = j->y + (size_t)m0 * N;
+        switch (mm) { case 1: f32_rows_1(xm, K, N, w, ym, r0, r1); break; case 2: f32_rows_2(xm, K, N, w, ym, r0, r1); break;
+                      case 3: f32_rows_3(xm, K, N, w, ym, r0, r1); break; default: f32_rows_4(xm, K, N, w, ym, r0, r1); }
     }
+}
+
+void f32_gemm(const float* x, int M, int K, int N, const float* w, float* y, void* team) {
+    f32_job j = {x, M, K, N, w, y};
+    team_run((team_t*)team, f32_region, &j);
 }
 
 // ---------------------------------------------------------------------------------------------- int8 head
@@ -218,8 +384,19 @@ static void q8a_rows_##MM(const int16_t* xq, const float* xs, int Kp, int N, con
 }
 DEFINE_Q8A(1) DEFINE_Q8A(2) DEFINE_Q8A(3) DEFINE_Q8A(4)
 
+typedef struct { const int16_t* xq; const float* xs; int mm, Kp, N; const int8_t* w; const float* s; float* y; } q8_job;
+
+static void q8i_region(void* p, int tid, int nth) {
+    const q8_job* j = (const q8_job*)p; const int N = j->N, Kp = j->Kp;
+    SPLIT_ROWS
+    switch (j->mm) { case 1: q8a_rows_1(j->xq, j->xs, Kp, N, j->w, j->s, j->y, r0, r1); break;
+                     case 2: q8a_rows_2(j->xq, j->xs, Kp, N, j->w, j->s, j->y, r0, r1); break;
+                     case 3: q8a_rows_3(j->xq, j->xs, Kp, N, j->w, j->s, j->y, r0, r1); break;
+                     default: q8a_rows_4(j->xq, j->xs, Kp, N, j->w, j->s, j->y, r0, r1); }
+}
+
 // y [M, N] from x [M, K] (fp32) against the int8 table [N][Kp]; also returns dx[m] = ||x_m - dequantized xq_m||.
-void q8i_gemm(const float* x, int M, int K, int N, const int8_t* w, const float* s, float* y, float* dx, int nt) {
+void q8i_gemm(const float* x, int M, int K, int N, const int8_t* w, const float* s, float* y, float* dx, void* team) {
     const int Kp = (K + 63) / 64 * 64;
     int16_t* xq = (int16_t*)_mm_malloc((size_t)4 * Kp * sizeof(int16_t), 32); float xs[4];
     for (int m0 = 0; m0 < M; m0 += 4) {
@@ -230,11 +407,8 @@ void q8i_gemm(const float* x, int M, int K, int N, const int8_t* w, const float*
             for (int k = 0; k < K; k++) { double d = (double)a[k] - (double)xq[(size_t)m * Kp + k] * xs[m]; e += d * d; }
             dx[m0 + m] = (float)(sqrt(e) * (1 + 1e-6));
         }
-        float* ym = y + (size_t)m0 * N;
-        #pragma omp parallel num_threads(nt)
-        { SPLIT_ROWS
-          switch (mm) { case 1: q8a_rows_1(xq, xs, Kp, N, w, s, ym, r0, r1); break; case 2: q8a_rows_2(xq, xs, Kp, N, w, s, ym, r0, r1); break;
-                        case 3: q8a_rows_3(xq, xs, Kp, N, w, s, ym, r0, r1); break; default: q8a_rows_4(xq, xs, Kp, N, w, s, ym, r0, r1); } }
+        q8_job j = {xq, xs, mm, Kp, N, w, s, y + (size_t)m0 * N};
+        team_run((team_t*)team, q8i_region, &j);
     }
     _mm_free(xq);
 }
@@ -255,9 +429,9 @@ static float dotK(const float* a, const float* b, int K) {
 // a: scratch [M, Vp]; cand: [M, V] (row m's candidates, ascending, when ncand[m] >= 0).
 // out_tok[m] = argmax; ncand[m] = number of candidates rescored, or -(count) - 1 when the full pass ran.
 void head_argmax(const float* x, int M, int K, int V, int Vp, const int8_t* wi, const float* s, const float* dn,
-                 const float* en, const float* E, float* a, int* cand, int max_cand, int* out_tok, int* ncand, int nt) {
+                 const float* en, const float* E, float* a, int* cand, int max_cand, int* out_tok, int* ncand, void* team) {
     float dx[M];
-    q8i_gemm(x, M, K, Vp, wi, s, a, dx, nt);
+    q8i_gemm(x, M, K, Vp, wi, s, a, dx, team);
     const double ck = (K / 8 + K / 16 + 8) * 2.0 * 5.97e-8;  // 2 * (lanes' sequential terms) * 2^-24
     const float slack = (float)(ck > 1e-5 ? ck : 1e-5);
     for (int m = 0; m < M; m++) {
@@ -326,9 +500,9 @@ static inline __m256 exp8(__m256 x) {
 // Per layer: pointers to its tensors; kind 0 = int4 (w, s, z), 1 = fp32 (w only).
 typedef struct { int64_t ln1, qkv_w, qkv_s, qkv_z, o_w, o_s, o_z, ln2, gu_w, gu_s, gu_z, dn_w, dn_s, dn_z, kind, pad; } layer_t;
 
-static void linear(const float* x, int M, int K, int N, int64_t kind, int64_t w, int64_t s, int64_t z, float* y, int nt) {
-    if (kind == 1) f32_gemm(x, M, K, N, (const float*)w, y, nt);
-    else q4i_gemm(x, M, K, N, (const uint16_t*)w, (const float*)s, (const int16_t*)z, y, nt);
+static void linear(const float* x, int M, int K, int N, int64_t kind, int64_t w, int64_t s, int64_t z, float* y, void* team) {
+    if (kind == 1) f32_gemm(x, M, K, N, (const float*)w, y, team);
+    else q4i_gemm(x, M, K, N, (const uint16_t*)w, (const float*)s, (const int16_t*)z, y, team);
 }
 
 static inline float dot_hd(const float* a, const float* b, int n) {  // n % 16 == 0
@@ -370,22 +544,68 @@ long llama_scratch_floats(int Hd, int H, int KV, int hd, int I, int maxlen, int 
     return (long)STEP_ROWS * (3L * Hd + (long)(H + 2 * KV) * hd + 3L * I) + (long)nt * maxlen + 64;
 }
 
+// GQA attention of every (row, head) pair over its slot's KV cache (one layer); pairs split across the team.
+typedef struct { int M, H, KV, hd, Hd, NQKV, maxlen; const int* pos; const int* slot; const float* qkv;
+                 const float* kc; const float* vc; size_t cstride_s, cstride_h; float scale; float* sc; float* att; } attn_job;
+
+static void attention_region(void* arg, int tid, int nth) {
+    const attn_job* j = (const attn_job*)arg;
+    const int H = j->H, KV = j->KV, hd = j->hd, n = j->M * H;
+    const int i0 = (int)((long)n * tid / nth), i1 = (int)((long)n * (tid + 1) / nth);
+    float* p_ = j->sc + (size_t)tid * j->maxlen; const float scale = j->scale;
+    for (int i = i0; i < i1; i++) {
+        const int m = i / H, hh = i % H;
+        const float* q = j->qkv + (size_t)m * j->NQKV + hh * hd; int g = hh / (H / KV); int T = j->pos[m] + 1;
+        const float* K_ = j->kc + j->slot[m] * j->cstride_s + g * j->cstride_h;
+        const float* V_ = j->vc + j->slot[m] * j->cstride_s + g * j->cstride_h;
+        float* p = p_; float mx = -INFINITY;
+        for (int t = 0; t < T; t++) { p[t] = dot_hd(q, K_ + (size_t)t * hd, hd) * scale; if (p[t] > mx) mx = p[t]; }
+        int t = 0; __m256 vs = _mm256_setzero_ps(); const __m256 vm = _mm256_set1_ps(mx);
+        for (; t + 8 <= T; t += 8) {
+            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), vm));
+            _mm256_storeu_ps(p + t, e); vs = _mm256_add_ps(vs, e);
+        }
+        float sum = hsum(vs); for (; t < T; t++) { p[t] = expf(p[t] - mx); sum += p[t]; }
+        float* o = j->att + (size_t)m * j->Hd + hh * hd; const float inv = 1.0f / sum;
+        for (int d0 = 0; d0 < hd; d0 += 16) {  // 16 output dims in registers, two position streams for ILP
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
+            const float* vv = V_ + d0; int u = 0;
+            for (; u + 2 <= T; u += 2) {
+                const __m256 w0 = _mm256_set1_ps(p[u]), w1 = _mm256_set1_ps(p[u + 1]);
+                a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(vv + (size_t)u * hd), a0);
+                a1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(vv + (size_t)u * hd + 8), a1);
+                b0 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(vv + (size_t)(u + 1) * hd), b0);
+                b1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(vv + (size_t)(u + 1) * hd + 8), b1);
+            }
+            if (u < T) {
+                const __m256 w0 = _mm256_set1_ps(p[u]);
+                a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(vv + (size_t)u * hd), a0);
+                a1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(vv + (size_t)u * hd + 8), a1);
+            }
+            const __m256 vi = _mm256_set1_ps(inv);
+            _mm256_storeu_ps(o + d0, _mm256_mul_ps(_mm256_add_ps(a0, b0), vi));
+            _mm256_storeu_ps(o + d0 + 8, _mm256_mul_ps(_mm256_add_ps(a1, b1), vi));
+        }
+    }
+}
+
 // h [M, Hd]: token embeddings in, residual stream (clobbered). out [M, Hd]: final-normed hidden states.
 // kc, vc: [nL][S][KV][maxlen][hd]. cosT, sinT: [maxlen][hd]. M <= STEP_ROWS.
 void llama_step(int M, const int* pos, const int* slot, float* h, const layer_t* Ls, int nL,
                 int Hd, int H, int KV, int hd, int I, float eps,
                 float* kc, float* vc, int S, int maxlen, const float* cosT, const float* sinT,
-                const float* normw, float* out, float* scratch, int nt) {
+                const float* normw, float* out, float* scratch, void* team) {
     const int NQKV = (H + 2 * KV) * hd;
     const int R = STEP_ROWS;
     float* xn = scratch; float* qkv = xn + R * Hd; float* att = qkv + R * NQKV; float* tmp = att + R * Hd;
     float* gu = tmp + R * Hd; float* act = gu + R * 2 * I; float* sc = act + R * I;
     const float scale = 1.0f / sqrtf((float)hd);
+    team_step_begin((team_t*)team, M); const long t0 = now_ns();
     const size_t cstride_l = (size_t)S * KV * maxlen * hd, cstride_s = (size_t)KV * maxlen * hd, cstride_h = (size_t)maxlen * hd;
     for (int l = 0; l < nL; l++) {
         const layer_t* L = Ls + l;
         rmsnorm(h, (const float*)L->ln1, xn, M, Hd, eps);
-        linear(xn, M, Hd, NQKV, L->kind, L->qkv_w, L->qkv_s, L->qkv_z, qkv, nt);
+        linear(xn, M, Hd, NQKV, L->kind, L->qkv_w, L->qkv_s, L->qkv_z, qkv, team);
         for (int m = 0; m < M; m++) {  // RoPE and KV write for every row first: a prefill chunk is causal
             float* q = qkv + (size_t)m * NQKV; float* k = q + H * hd; float* v = k + KV * hd;
             const float* cs = cosT + (size_t)pos[m] * hd; const float* sn = sinT + (size_t)pos[m] * hd;
@@ -395,44 +615,13 @@ void llama_step(int M, const int* pos, const int* slot, float* h, const layer_t*
                 memcpy(kc + off, k + g * hd, hd * sizeof(float)); memcpy(vc + off, v + g * hd, hd * sizeof(float));
             }
         }
-        #pragma omp parallel for num_threads(nt) collapse(2) schedule(static)
-        for (int m = 0; m < M; m++) for (int hh = 0; hh < H; hh++) {
-            const float* q = qkv + (size_t)m * NQKV + hh * hd; int g = hh / (H / KV); int T = pos[m] + 1;
-            const float* K_ = kc + l * cstride_l + slot[m] * cstride_s + g * cstride_h;
-            const float* V_ = vc + l * cstride_l + slot[m] * cstride_s + g * cstride_h;
-            float* p = sc + (size_t)omp_get_thread_num() * maxlen; float mx = -INFINITY;
-            for (int t = 0; t < T; t++) { p[t] = dot_hd(q, K_ + (size_t)t * hd, hd) * scale; if (p[t] > mx) mx = p[t]; }
-            int t = 0; __m256 vs = _mm256_setzero_ps(); const __m256 vm = _mm256_set1_ps(mx);
-            for (; t + 8 <= T; t += 8) {
-                __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), vm));
-                _mm256_storeu_ps(p + t, e); vs = _mm256_add_ps(vs, e);
-            }
-            float sum = hsum(vs); for (; t < T; t++) { p[t] = expf(p[t] - mx); sum += p[t]; }
-            float* o = att + (size_t)m * Hd + hh * hd; const float inv = 1.0f / sum;
-            for (int d0 = 0; d0 < hd; d0 += 16) {  // 16 output dims in registers, two position streams for ILP
-                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
-                const float* vv = V_ + d0; int u = 0;
-                for (; u + 2 <= T; u += 2) {
-                    const __m256 w0 = _mm256_set1_ps(p[u]), w1 = _mm256_set1_ps(p[u + 1]);
-                    a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(vv + (size_t)u * hd), a0);
-                    a1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(vv + (size_t)u * hd + 8), a1);
-                    b0 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(vv + (size_t)(u + 1) * hd), b0);
-                    b1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(vv + (size_t)(u + 1) * hd + 8), b1);
-                }
-                if (u < T) {
-                    const __m256 w0 = _mm256_set1_ps(p[u]);
-                    a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(vv + (size_t)u * hd), a0);
-                    a1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(vv + (size_t)u * hd + 8), a1);
-                }
-                const __m256 vi = _mm256_set1_ps(inv);
-                _mm256_storeu_ps(o + d0, _mm256_mul_ps(_mm256_add_ps(a0, b0), vi));
-                _mm256_storeu_ps(o + d0 + 8, _mm256_mul_ps(_mm256_add_ps(a1, b1), vi));
-            }
-        }
-        linear(att, M, Hd, Hd, L->kind, L->o_w, L->o_s, L->o_z, tmp, nt);
+        attn_job aj = {M, H, KV, hd, Hd, NQKV, maxlen, pos, slot, qkv, kc + l * cstride_l, vc + l * cstride_l,
+                       cstride_s, cstride_h, scale, sc, att};
+        team_run((team_t*)team, attention_region, &aj);
+        linear(att, M, Hd, Hd, L->kind, L->o_w, L->o_s, L->o_z, tmp, team);
         for (int i = 0; i < M * Hd; i++) h[i] += tmp[i];
         rmsnorm(h, (const float*)L->ln2, xn, M, Hd, eps);
-        linear(xn, M, Hd, 2 * I, L->kind, L->gu_w, L->gu_s, L->gu_z, gu, nt);
+        linear(xn, M, Hd, 2 * I, L->kind, L->gu_w, L->gu_s, L->gu_z, gu, team);
         for (int m = 0; m < M; m++) {  // SiLU(gate) * up; I % 8 == 0 (a multiple of 64 for int4, 8 for fp32)
             const float* gm = gu + (size_t)m * 2 * I; float* am = act + (size_t)m * I;
             for (int i = 0; i < I; i += 8) {
@@ -441,8 +630,9 @@ void llama_step(int M, const int* pos, const int* slot, float* h, const layer_t*
                 _mm256_storeu_ps(am + i, _mm256_mul_ps(sg, _mm256_loadu_ps(gm + I + i)));
             }
         }
-        linear(act, M, I, Hd, L->kind, L->dn_w, L->dn_s, L->dn_z, tmp, nt);
+        linear(act, M, I, Hd, L->kind, L->dn_w, L->dn_s, L->dn_z, tmp, team);
         for (int i = 0; i < M * Hd; i++) h[i] += tmp[i];
     }
     rmsnorm(h, normw, out, M, Hd, eps);
+    team_step_end((team_t*)team, now_ns() - t0);
 }

@@ -8,6 +8,7 @@ symmetric, plus g32 for the dequantized path), engines built from those. The ref
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -169,7 +170,7 @@ def test_int4_kernel_matches_dequantized_weights(checkpoints, sessions) -> None:
         x[:, 7] *= 50  # an outlier costs only its own group's precision
         y = np.empty((m, 256), np.float32)
         session.lib.q4i_gemm(x.ctypes.data, m, 512, 256, t["layers.0.dn.w"].ctypes.data, t["layers.0.dn.s"].ctypes.data,
-                             t["layers.0.dn.z"].ctypes.data, y.ctypes.data, session.threads)
+                             t["layers.0.dn.z"].ctypes.data, y.ctypes.data, session.team)
         exact = _int16_groups(x) @ w.T
         assert np.abs(y - exact).max() <= 1e-6 * np.abs(exact).max(), m
         ref = x.astype(np.float64) @ w.T
@@ -457,12 +458,11 @@ def test_load_generate_score_do_not_import_torch(engines, tmp_path: Path) -> Non
     code = ("import sys; from pathlib import Path; from tasks.engines import cpu_native as c; "
             f"s = c.load(Path({str(engines['asym'])!r})); t = list(c.generate(s, [5, 6, 7], 3, [])); "
             "c.score(s, [5, 6, 7]); c.generate_batch(s, [[5], [6, 7]], 2, []); "
-            "print(len(t), 'torch' in sys.modules, 'OMP_WAIT_POLICY' in __import__('os').environ)")
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60,
+            "print(len(t), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          cwd=Path(__file__).resolve().parents[3])
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["3", "False", "False"]
+    assert out.stdout.split() == ["3", "False"]
 
 
 def test_thread_count_env(engines, sessions, monkeypatch) -> None:
@@ -483,6 +483,51 @@ def test_thread_count_env(engines, sessions, monkeypatch) -> None:
 
 
 @pytest.mark.slow
+def _tasks() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.parametrize("spin_us", ["0", "50", "5000"])
+def test_every_wait_policy_gives_the_same_tokens(spin_us: str, engines, sessions, monkeypatch) -> None:
+    """The team's wait policy (sleep at once, short or long spin, and the probe switching between them) changes
+    when a worker notices work, never what it computes."""
+    ids = _prompts()[1]
+    want = list(cpu_native.generate(sessions["asym"], ids, 24, []))
+    monkeypatch.setenv(cpu_native.SPIN_ENV, spin_us)
+    session = cpu_native.load(engines["asym"])
+    assert list(cpu_native.generate(session, ids, 24, [])) == want
+    stats = session.team_stats()
+    assert stats["threads"] == sessions["asym"].threads and stats["regions"] > 24
+    if spin_us == "0":  # nothing to probe: every wait sleeps
+        assert stats["probes"] == 0 and stats["spinning"] == 0 and stats["sleeps"] > 0
+    elif stats["threads"] > 1:  # the first probe runs after 8 steps and takes 8 more; it set the policy in force
+        assert stats["probes"] == 1 and stats["spinning"] == stats["probes_spin"]
+
+
+def test_spin_env_is_checked(engines, monkeypatch) -> None:
+    for bad in ("-1", "fast", "2000000"):
+        monkeypatch.setenv(cpu_native.SPIN_ENV, bad)
+        with pytest.raises(ValueError, match=f"{cpu_native.SPIN_ENV}={bad!r}.*0 to 1000000"):
+            cpu_native.load(engines["asym"])
+
+
+def test_a_dropped_session_stops_its_threads(engines, monkeypatch) -> None:
+    """Each session owns its worker threads; they are joined when the session is collected."""
+    import gc
+
+    monkeypatch.setenv(cpu_host.THREADS_ENV, "3")
+    monkeypatch.setattr(cpu_native, "IDLE_EXIT_S", 0.2)
+    gc.collect()
+    before = _tasks()
+    session = cpu_native.load(engines["asym"])
+    assert session.threads == 3 and _tasks() == before + 2  # the caller is the team's third thread
+    list(cpu_native.generate(session, _prompts()[0], 4, []))
+    session._scheduler.thread.join(timeout=10)
+    del session
+    gc.collect()
+    assert _tasks() == before
+
+
 def test_real_student_parity(tmp_path_factory, record_property) -> None:
     """3 layers of the SmolLM2 teacher ($EDGEFLOW_TEST_TEACHER), RTN int4 asym: greedy and teacher-forced parity."""
     import os
