@@ -16,7 +16,7 @@ shopping, rates, areas, percentages, ages, fractions, equations), and the script
 refuses to write it if any eval question equals a corpus question or if any
 8-word shingle of an eval item also occurs in the corpus.
 
-Usage:  python3 data/make_math.py [--corpus-n 220] [--eval-n 80]
+Usage:  python3 data/make_math.py [--corpus-n 220] [--eval-n 340]
 """
 
 from __future__ import annotations
@@ -684,7 +684,7 @@ def write_jsonl(path: Path, rows) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus-n", type=int, default=220)
-    ap.add_argument("--eval-n", type=int, default=80)
+    ap.add_argument("--eval-n", type=int, default=340)
     ap.add_argument("--out", type=Path, default=HERE)
     args = ap.parse_args()
 

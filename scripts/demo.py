@@ -20,6 +20,7 @@ def main() -> int:
     from prefect.deployments import run_deployment
 
     from tasks.config import load_profile
+    from tasks.progress import follow
     from tasks.report import table
     from tasks.runs import tracking_uri
 
@@ -28,12 +29,11 @@ def main() -> int:
     a = ap.parse_args()
     p = load_profile(a.profile)
     t0 = time.time()
-    print(f"Running the release deployment with {a.profile} (follow it in the Prefect UI) …", flush=True)
-    fr = run_deployment("release/release", parameters={"profile": a.profile, "deploy": "pool"}, timeout=None)
-    import os
-
     ui = os.environ.get("PREFECT_UI_URL", "http://127.0.0.1:4200")
+    fr = run_deployment("release/release", parameters={"profile": a.profile, "deploy": "pool"}, timeout=0)
     run_url = f"{ui}/runs/flow-run/{fr.id}"
+    print(f"Running the release deployment with {a.profile}; the same progress is in the Prefect UI: {run_url}", flush=True)
+    fr = follow(fr.id)  # each stage as it starts and ends, and the long loops' progress bars, from the Prefect API
     if not fr.state.is_completed():
         print(f"release ended {fr.state.type.value}: {fr.state.message}\n{run_url}", file=sys.stderr)
         return 1
@@ -43,7 +43,13 @@ def main() -> int:
     print(f"\nstaging: {report['staging']} (version {report['staging_version']})")
     s = report["student"]
     print(f"student: {s['student_layers']} layers, top-1 agreement with teacher {s['student_top1_vs_teacher']:.1%}, "
-          f"perplexity {s['student_ppl']:.1f} vs teacher {s['teacher_ppl']:.1f}")
+          f"perplexity {s['student_ppl']:.1f} vs teacher {s['teacher_ppl']:.1f} "
+          f"({s['student_ppl'] / s['teacher_ppl']:.1f}×), quality {s['student_quality_pct']:.0f}% of the teacher")
+    staged = next((r for r in report["variants"] if r["name"] == report["staging"]), None)
+    if staged and staged.get("answers"):
+        a = staged["answers"]
+        print(f"answers of {staged['name']} to the {len(a)} demo prompts: {staged['answers_ok']} not degenerate "
+              f"(distinct-2 {min(x['distinct_2'] for x in a):.2f}–{max(x['distinct_2'] for x in a):.2f}); all five are in the report")
     server = f"http://{p.deploy.host}:{p.deploy.port}"
     if report.get("deploy"):
         question = "Name three uses of a microcontroller."
@@ -51,8 +57,9 @@ def main() -> int:
         from openai import OpenAI
 
         client = OpenAI(base_url=f"{server}/v1", api_key=os.environ.get("EDGEFLOW_API_KEY", "none"), max_retries=0)
+        # no temperature or top_p: the server applies the model's own defaults (its generation_config.json)
         kw = dict(model=p.registry.model_name, messages=[{"role": "user", "content": question}], max_tokens=96,
-                  temperature=0.7, top_p=0.9, seed=1, stop=["\n\n\n"], stream=True)
+                  seed=1, stop=["\n\n\n"], stream=True)
         answers = []
         for shown in (True, False):  # the same seed and request twice: the same answer
             parts = []
@@ -62,7 +69,7 @@ def main() -> int:
                     if shown:
                         print(ch.delta.content or "", end="", flush=True)
             answers.append("".join(parts))
-        print(f"\n\n(temperature 0.7, top_p 0.9, seed 1; asked twice, the same answer: {answers[0] == answers[1]})")
+        print(f"\n\n(the model's sampling defaults, seed 1; asked twice, the same answer: {answers[0] == answers[1]})")
         if answers[0] != answers[1]:
             print("error: the same seed gave two different answers", file=sys.stderr)
             return 1

@@ -560,6 +560,29 @@ class Profile(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _enough_eval_prompts(self, info: ValidationInfo):
+        """gate.num_prompts is spread evenly over gate.eval_sources (tasks/evaluation/gate.py:eval_texts): every source
+        must hold its share, or the gate would silently ask fewer prompts than the profile says."""
+        if (info.context or {}).get("resolved"):
+            return self
+        from tasks.calibration import allocate
+        from tasks.textdata import read_records
+
+        have = {d: len(read_records(self.resolve(path))) for d, path in self.gate.eval_sources.items()}
+        want = allocate({d: 1.0 for d in have}, self.gate.num_prompts)
+        short = {d: (want[d], have[d]) for d in have if want[d] > have[d]}
+        if short:
+            most = max(n for n in range(sum(have.values()) + 1)
+                       if all(c <= have[d] for d, c in allocate({d: 1.0 for d in have}, n).items()))
+            listing = ", ".join(f"{d} needs {w} but {self.gate.eval_sources[d]} holds {h}" for d, (w, h) in sorted(short.items()))
+            raise ValueError(
+                f"gate.num_prompts={self.gate.num_prompts} is spread evenly over {len(have)} eval sources and {listing} "
+                f"({sum(have.values())} held-out items in all); set gate.num_prompts to at most {most}, or add held-out "
+                "items to the short sources (disjoint from the training and calibration text)"
+            )
+        return self
+
     def resolve(self, rel: str) -> Path:
         """Paths in profiles are relative to the repository root."""
         p = Path(rel)

@@ -20,9 +20,9 @@ from tasks.evaluation.report import GateReport
 
 # The markdown table's columns, in order.
 COLUMNS = ("name", "size_mb", "engine_precision", "decode_tok_s", "ttft_ms", "top1_agreement", "top1_last", "kl",
-           "kl_p99", "ppl", "greedy_exact", "passed")
+           "kl_p99", "ppl", "greedy_exact", "answers_ok", "passed")
 # What the report keeps of each gate row (then engine_parity, rounded, from the row's metrics).
-VARIANT_FIELDS = COLUMNS + ("quantized", "reasons")
+VARIANT_FIELDS = tuple(c for c in COLUMNS if c != "answers_ok") + ("quantized", "reasons", "answers")
 # What the report keeps of the student's evaluation (its ArtifactRef.meta, as the distill stage recorded it).
 STUDENT_FIELDS = ("student_top1_vs_teacher", "student_kl_vs_teacher", "teacher_ppl", "student_ppl", "student_ppl_before_training",
                   "student_top1_before_training", "student_kl_before_training", "student_quality_pct", "student_layers",
@@ -50,7 +50,8 @@ def release_report(
     return {
         "release_id": ctx.release_id,
         "profile": ctx.profile,
-        "variants": [{k: getattr(r, k) for k in VARIANT_FIELDS} | {"engine_parity": round(r.metrics["engine_parity"], 4)}
+        "variants": [{k: getattr(r, k) for k in VARIANT_FIELDS} | {"engine_parity": round(r.metrics["engine_parity"], 4),
+                                                                    "answers_ok": answers_ok(r.answers)}
                      for r in gate.rows],
         "staging": registry["staging"],
         "staging_version": registry["staging_version"],
@@ -157,6 +158,27 @@ def nightly_markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def answers_ok(answers: list[dict] | None) -> str | None:
+    """'k/n': how many of the demo prompts' answers are not degenerate (tasks/evaluation/answers.py); None without them."""
+    return None if answers is None else f"{sum(not a['degenerate'] for a in answers)}/{len(answers)}"
+
+
+def answers_section(row: dict) -> str:
+    """One variant's answers to the demo prompts with their repetition figures."""
+    from tasks.evaluation.answers import ANSWER_TOKENS, MAX_TRIGRAM_REPEATS, MIN_DISTINCT_2
+
+    out = [f"## Answers of {row['name']}", "",
+           f"Each fixed demo prompt answered by the built engine as the edge server answers (its chat template, the model's "
+           f"sampling defaults, seed 1, at most {ANSWER_TOKENS} tokens). Degenerate: a word 3-gram more than "
+           f"{MAX_TRIGRAM_REPEATS} times or distinct-2 below {MIN_DISTINCT_2}.", ""]
+    for a in row["answers"]:
+        quoted = "\n".join("> " + line for line in (a["answer"] or f"(no text{': ' + a['error'] if a.get('error') else ''})").splitlines())
+        out += [f"**{a['prompt']}**", "", quoted, "",
+                f"{a['tokens']} tokens · most frequent 3-gram ×{a['max_trigram_repeats']} · distinct-2 {a['distinct_2']:.2f}"
+                + (" · **degenerate**" if a["degenerate"] else ""), ""]
+    return "\n".join(out).rstrip("\n")
+
+
 def table(rows: list[dict]) -> str:
     """Markdown table of the report columns (columns a row lacks show as '-')."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
@@ -213,8 +235,12 @@ def markdown(report: dict) -> str:
         "",
         student_table(s),
         "",
-        "A short demo distillation makes a weak student: read the answers with that in mind.",
+        f"Held-out perplexity is {s['student_ppl'] / s['teacher_ppl']:.1f}× the teacher's."
+        if s.get("student_ppl") and s.get("teacher_ppl") else "",
     ]
+    staged = next((r for r in report["variants"] if r["name"] == report.get("staging")), None)
+    for row in [r for r in (staged, report["variants"][0]) if r and r.get("answers")][:1]:
+        out += ["", answers_section(row)]
     if report.get("plots"):
         p = report["plots"]
         out += ["", "## Plots", ""] + [f"![{name.replace('_', ' ')}]({path})" for name, path in p.items()]

@@ -25,6 +25,7 @@ from tasks.distill.data import BatchOrder, TokenDataset, collate
 from tasks.distill.student import count_params
 from tasks.distill.telemetry import GaugePusher, StallWatchdog
 from tasks.losses import StepSums, hidden_sums, kd_sums, make_projections, rank_share
+from tasks.progress import LoopProgress
 
 logger = logging.getLogger("edgeflow.distill")
 
@@ -256,6 +257,7 @@ def train(teacher, student, data: TokenDataset | list[list[int]], cfg: DistillCo
     # work: one optimizer step per batch, under the stall watchdog
     pusher = GaugePusher(cfg.pushgateway_url, run_label) if cfg.pushgateway_url and is_main else None
     watchdog = StallWatchdog(cfg.stall_timeout_s, cfg.steps, pusher.mark_stalled if pusher else None)
+    progress = LoopProgress("distillation", cfg.steps, "steps", start=start) if is_main else None
     with watchdog:
         watchdog.beat(start)
         for step in range(start, cfg.steps):
@@ -295,6 +297,8 @@ def train(teacher, student, data: TokenDataset | list[list[int]], cfg: DistillCo
             if pusher and ((step + 1) % cfg.push_every == 0 or step + 1 == cfg.steps):
                 pusher.push(step + 1, parts["total"], parts["tokens_per_s"])
             done = step + 1
+            if progress:
+                progress.update(done)
             if checkpoint_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
                 rngs = gather_rng(world)
                 engine.save(checkpoint_dir, done, {

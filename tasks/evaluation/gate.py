@@ -12,8 +12,10 @@ from pathlib import Path
 from tasks.calibration import allocate
 from tasks.config import GateConfig
 from tasks.engines import get_backend
+from tasks.evaluation.answers import answer_prompts, summary
 from tasks.evaluation.metrics import Accumulator, greedy_exact_match, log_softmax
 from tasks.evaluation.reference import Reference
+from tasks.progress import LoopProgress
 from tasks.textdata import load_texts
 
 
@@ -70,6 +72,7 @@ def run_gate(reference: Reference, variants: list[dict], gate: GateConfig, backe
                          "re-run gate-reference with the same checkpoints as build-engine")
     vs_ref = {v["name"]: Accumulator() for v in variants}
     parity = {v["name"]: [0, 0] for v in variants}  # [agreeing positions, positions]
+    progress = LoopProgress(f"gate ({len(variants)} engines)", len(reference.seqs) + len(variants), "sequences")
     for i, ids in enumerate(reference.seqs):
         for v in variants:
             eng = log_softmax(backend.score(sessions[v["name"]], ids))
@@ -78,17 +81,22 @@ def run_gate(reference: Reference, variants: list[dict], gate: GateConfig, backe
             fq = reference.fakeq_argmax[v["name"]][i] if v["quantized"] else reference.argmax(i)
             parity[v["name"]][0] += int((fq[:-1] == eng[:-1].argmax(-1)).sum())
             parity[v["name"]][1] += len(ids) - 1
+        progress.update(i + 1)
 
     prompts, stop, ref_continuations = reference.prompts, reference.stop_token_ids, reference.continuations
     speed_prompt = reference.speed_prompt
     rows = []
-    for v in variants:
+    for k, v in enumerate(variants, 1):
         m = vs_ref[v["name"]].result()
         m["engine_parity"] = parity[v["name"]][0] / max(parity[v["name"]][1], 1)
         eng_continuations = [list(backend.generate(sessions[v["name"]], p, gate.greedy_tokens, stop)) for p in prompts]
         m["greedy_exact_match"] = greedy_exact_match(ref_continuations, eng_continuations) if prompts else None
         m["greedy_prompts"] = len(prompts)
         m |= measure_speed(backend, sessions[v["name"]], speed_prompt)
+        answers = answer_prompts(backend, sessions[v["name"]], Path(v["engine_dir"]))  # as the server would answer
+        said = summary(answers)
+        m["answers_degenerate"], m["answers_distinct_2"] = said["degenerate"], said["distinct_2_mean"]
+        progress.update(len(reference.seqs) + k)  # its greedy continuations, speed and answers
         reasons = []
         if m["engine_parity"] < gate.min_engine_parity:
             reasons.append(
@@ -122,6 +130,7 @@ def run_gate(reference: Reference, variants: list[dict], gate: GateConfig, backe
                 "reasons": reasons,
                 "metrics": m,
                 "greedy_continuations": [[int(t) for t in c] for c in eng_continuations],
+                "answers": answers,
             }
         )
     distributions = {

@@ -112,12 +112,14 @@ def compute_reference(reference_dir: Path, quantized: dict[str, Path], seqs: lis
                       meta: dict | None = None) -> Reference:
     """Run the FP student (and each quantized checkpoint's fake-quantized twin) over the eval sequences."""
     from tasks.evaluation.metrics import LayerError, log_softmax
+    from tasks.progress import LoopProgress
 
     reference = HFScorer(reference_dir)
     fakeq = {name: HFScorer(path) for name, path in quantized.items()}
     layer_error = {name: LayerError() for name in quantized}
     ids_k, lp_k, tails, targets, fq_arg = [], [], [], [], {name: [] for name in quantized}
-    for ids in seqs:
+    progress = LoopProgress(f"gate reference (FP + {len(fakeq)} fake-quantized)", len(seqs) + len(prompts), "sequences")
+    for n, ids in enumerate(seqs, 1):
         logits, hidden = reference.with_hidden(ids)
         lp = log_softmax(logits)
         top_ids, top_lp, tail_lp = top_k(lp, k)
@@ -129,7 +131,11 @@ def compute_reference(reference_dir: Path, quantized: dict[str, Path], seqs: lis
             fq_logits, fq_hidden = scorer.with_hidden(ids)
             fq_arg[name].append(fq_logits.argmax(-1).astype(np.int32))
             layer_error[name].add(hidden, fq_hidden)
-    continuations = [reference.greedy(p, greedy_tokens, stop_token_ids) for p in prompts]
+        progress.update(n)
+    continuations = []
+    for n, p in enumerate(prompts, len(seqs) + 1):
+        continuations.append(reference.greedy(p, greedy_tokens, stop_token_ids))
+        progress.update(n)
     mass = np.exp(np.concatenate([t[:-1] for t in tails]).astype(np.float64)) if seqs else np.zeros(1)
     info = (meta or {}) | {
         "format": REFERENCE_FORMAT, "top_k": int(min(k, lp_k[0].shape[-1])) if lp_k else k,

@@ -51,6 +51,10 @@ class GateRow(BaseModel):
         default=None, description="The engine's greedy continuation (token ids) of each of the reference's greedy prompts, in "
         "order: what the on-device probe (tasks/fleet/probe.py) expects the deployed server to answer.",
     )
+    answers: list[dict[str, Any]] | None = Field(
+        default=None, description="The engine's answers to the fixed demo prompts, as the server would give them, with "
+        "their repetition figures (tasks/evaluation/answers.py).",
+    )
 
 
 class GateReferenceInfo(BaseModel):

@@ -85,6 +85,21 @@ def test_release_deployment_registers_stages_and_serves(services, tmp_path):
     assert fr.state.is_completed(), f"release ended {fr.state.type}: {fr.state.message}"
     report = fr.state.result()
 
+    # the terminal view `make demo` shows, read from the API: every stage (pool-placed ones too) started and ended,
+    # and the long loops' progress artifacts, which the stages' workers wrote, at 100 %
+    import io
+
+    from tasks.progress import follow
+
+    view = io.StringIO()
+    assert follow(fr.id, out=view).id == fr.id
+    shown = view.getvalue()
+    for stage in ("distill", "calibrate", "quantize", "build-engine", "gate-reference", "consistency", "register"):
+        assert f"▶ {stage} started" in shown and f"✓ {stage} completed in " in shown, (stage, shown)
+    for loop in ("distillation: 3/3 steps", "gate reference (FP + 2 fake-quantized): ", "gate (3 engines): "):
+        assert loop in shown, (loop, shown)
+    assert shown.count("100%") >= 3, shown
+
     # the report: one row per variant with the agreed fields, saved as JSON and markdown
     names = [v["name"] for v in report["variants"]]
     assert names == ["fp32", "awq-w4a16", "gptq-w4a16"]
@@ -96,9 +111,14 @@ def test_release_deployment_registers_stages_and_serves(services, tmp_path):
     assert fp32["top1_agreement"] > 0.99 and fp32["kl"] < 1e-3  # the dense engine reproduces the HF student
     assert fp32["greedy_exact"] >= 0.8 and all(0 <= r["greedy_exact"] <= 1 for r in report["variants"])  # greedy continuations
     assert [r["engine_precision"] for r in report["variants"]] == ["fp32", "int4", "int4"]
+    # every engine answered the five demo prompts on its own host; the report counts the answers that are not loops
+    for row in report["variants"]:
+        assert len(row["answers"]) == 5 and row["answers_ok"] == f"{sum(not a['degenerate'] for a in row['answers'])}/5"
+        assert all(a["tokens"] > 0 and "error" not in a for a in row["answers"]), row["answers"]
     # plots: three PNGs next to the report, linked from the markdown
     md = (REPO / "reports" / f"{report['release_id']}.md").read_text()
     assert set(report["plots"]) == {"layer_error", "agreement_histogram", "kl_distribution"}
+    assert f"## Answers of {report['staging']}" in md
     # the gate's KL came from the stored FP reference; the report says how much of its mass the top-k left out
     ref = report["gate_reference"]
     assert ref["top_k"] == profile.gate.reference_top_k and 0 <= ref["tail_mass_mean"] < 1

@@ -41,6 +41,29 @@ def test_out_of_range_values_name_the_limit(tmp_path):
         load_profile(_profile(tmp_path, lambda d: d["calibration"].update(total=8)))
 
 
+def test_a_gate_asking_more_prompts_than_the_eval_sources_hold_fails_at_load(tmp_path):
+    """The gate spreads num_prompts evenly over the sources; a short source is named with what it holds and the
+    largest num_prompts the sources can serve, and that number loads."""
+    small = tmp_path / "small-chat.jsonl"
+    rows = (REPO_ROOT / "data" / "eval" / "chat.jsonl").read_text().splitlines()[:5]
+    small.write_text("\n".join(rows) + "\n")
+
+    def patch(num):
+        return lambda d: d["gate"].update(num_prompts=num, eval_sources={
+            "chat": str(small), "wiki": "data/eval/wiki.jsonl", "math": "data/eval/math.jsonl"})
+
+    with pytest.raises(ValidationError, match=rf"gate.num_prompts=30 .* chat needs 10 but {small} holds 5 .*at most 15"):
+        load_profile(_profile(tmp_path, patch(30)))
+    assert load_profile(_profile(tmp_path, patch(15))).gate.num_prompts == 15  # 5 per source
+    with pytest.raises(ValidationError, match="at most 15"):
+        load_profile(_profile(tmp_path, patch(16)))  # the 16th would go to chat
+
+
+def test_the_shipped_eval_sets_serve_the_production_gate():
+    p = load_profile(REPO_ROOT / "configs" / "production-a100-orin.yaml")
+    assert p.gate.num_prompts >= 1000
+
+
 def test_missing_profile_says_where_profiles_live():
     with pytest.raises(FileNotFoundError, match="configs"):
         load_profile("configs/does-not-exist.yaml")
@@ -54,13 +77,19 @@ def test_recalibration_attempts_double_samples_and_change_seed():
 
 
 def test_fallback_variant_names_and_recipes_are_checked(tmp_path):
+    def two_fallbacks(d):  # the demo profile runs every recipe as a variant and keeps no fallbacks
+        d["quantize"]["fallback_variants"] = [{"name": "w8-a", "recipe": "deployments/recipes/gptq-w8a16-sym.yaml"},
+                                              {"name": "w8-b", "recipe": "deployments/recipes/gptq-w8a16-sym.yaml"}]
+
     def clash(d):
+        two_fallbacks(d)
         d["quantize"]["fallback_variants"][0]["name"] = d["quantize"]["variants"][0]["name"]
 
     with pytest.raises(ValidationError, match="names must be unique"):
         load_profile(_profile(tmp_path, clash))
 
     def missing(d):
+        two_fallbacks(d)
         d["quantize"]["fallback_variants"][1]["recipe"] = "deployments/recipes/w3.yaml"
 
     with pytest.raises(ValidationError, match=r"quantize.fallback_variants\[1\].recipe=deployments/recipes/w3.yaml"):

@@ -48,7 +48,8 @@ def test_release_report_keeps_the_variant_fields_and_the_gate_as_written():
     gate = _gate()
     report = release_report(ctx, student, gate, registry, None, [{"attempt": 0}])
     rtn = report["variants"][2]
-    assert list(rtn) == [*VARIANT_FIELDS, "engine_parity"] and VARIANT_FIELDS[: len(COLUMNS)] == COLUMNS
+    assert list(rtn) == [*VARIANT_FIELDS, "engine_parity", "answers_ok"] and set(COLUMNS) <= set(rtn)
+    assert rtn["answers_ok"] is None  # this gate row has no answers (a report written before the gate gave them)
     assert rtn["reasons"] == ["top-1 agreement 91.00% < 97.00%"] and rtn["engine_parity"] == 0.9987
     assert report["gate"] == gate.thresholds and report["gate_reference"]["top_k"] == 64
     assert report["why_no_staging"] == "no variant met the bar after 1 attempt(s); rtn-w4a16: too far"
@@ -64,3 +65,27 @@ def test_nightly_markdown_shows_the_window_and_the_outcome():
     md = nightly_markdown({"status": "registered", "traffic": traffic, "staging": "version 4 (gptq-w4a16)"})
     assert md.startswith("# Nightly recalibration: registered\n")
     assert "| a → b | 2 | 50 | 40 | 3 | 3 | 1 |" in md and md.endswith("- **Staging:** version 4 (gptq-w4a16)\n")
+
+
+def test_the_report_shows_the_staged_variant_s_answers_and_counts_the_degenerate_ones():
+    from types import SimpleNamespace
+
+    from tasks.evaluation.answers import repetition
+    from tasks.report import markdown, release_report
+
+    gate = _gate()
+    good = "A microcontroller runs a washing machine, reads a thermostat and blinks the lights of a toy."
+    loop = "the total of the total of the total of the total"
+    gate.rows[1].answers = [{"prompt": "Name three uses of a microcontroller.", "answer": good, "tokens": 20} | repetition(good),
+                            {"prompt": "Why do we have seasons on Earth?", "answer": loop, "tokens": 12} | repetition(loop)]
+    ctx = SimpleNamespace(release_id="r-2", profile="configs/test-tiny.yaml", mlflow_parent_run_id="p", prefect_flow_run_id=None,
+                          resolved=lambda: SimpleNamespace(distill=SimpleNamespace(steps=3)))
+    registry = {"staging": gate.rows[1].name, "staging_version": None, "registered": {}, "why_no_staging": None}
+    student = {"student_layers": 2, "student_params": 1.5e6, "size_ratio": 4.0, "student_quality_pct": 50.0,
+               "teacher_ppl": 5.0, "student_ppl": 10.0}
+    report = release_report(ctx, student, gate, registry, None, [{"attempt": 0}])
+    assert report["variants"][1]["answers_ok"] == "1/2"
+    md = markdown(report)
+    assert f"## Answers of {gate.rows[1].name}" in md and f"> {good}" in md and "Held-out perplexity is 2.0× the teacher's." in md
+    assert "most frequent 3-gram ×3 · distinct-2 0.30 · **degenerate**" in md
+    assert md.count("**degenerate**") == 1
