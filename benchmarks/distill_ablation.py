@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from tasks.config import load_profile  # noqa: E402
 from tasks.distill import run_distill  # noqa: E402
 from tasks.evaluation.gate import eval_texts  # noqa: E402
-from tasks.model_source import ensure_teacher  # noqa: E402
+from tasks.model_source import teacher_dir  # noqa: E402
 
 KEYS = ("student_ppl", "student_top1_vs_teacher", "student_kl_vs_teacher", "student_quality_pct")
 
@@ -46,11 +46,11 @@ def main() -> None:
 
     # setup: the profile's teacher, training config and held-out text
     profile = load_profile(args.profile)
-    teacher = ensure_teacher(profile)
+    teacher = teacher_dir(profile)  # converted once into the profile's work dir
     base = profile.distill if args.steps is None else profile.distill.model_copy(update={"steps": args.steps})
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(teacher.uri)
+    tok = AutoTokenizer.from_pretrained(teacher)
     held_out = eval_texts({k: profile.resolve(v) for k, v in profile.gate.eval_sources.items()}, args.eval_texts, tok)
     corpora = [profile.resolve(c) for c in base.corpora]
     torch.set_num_threads(os.cpu_count() or 1)
@@ -64,7 +64,7 @@ def main() -> None:
         variants = [(f"distilled (α={c.alpha}, T={c.temperature}, β={c.beta})", c) for c in cfgs]
         for i, (name, cfg) in enumerate(variants + [("CE only (α=0, β=0)", base.model_copy(update={"alpha": 0.0, "beta": 0.0}))]):
             t0 = time.perf_counter()
-            m = run_distill(teacher.path, cfg, corpora, held_out, Path(tmp) / f"student-{i}", Path(tmp) / "work")
+            m = run_distill(teacher, cfg, corpora, held_out, Path(tmp) / f"student-{i}", Path(tmp) / "work")
             m["wall_s"] = time.perf_counter() - t0
             m.pop("history")
             runs[name] = m

@@ -1,0 +1,75 @@
+"""The demo student's quality against its training time: which layers it keeps, how many steps, which rate.
+
+    python benchmarks/student_frontier.py --profile configs/demo-cpu.yaml \
+        --run '{"keep_every_k": 3}' --run '{"keep_layers": [0, 1, 2, 29], "steps": 120}' --out /tmp/frontier.json
+
+Each --run is a JSON object of distill fields laid over the profile's `distill` section (so the profile's own
+keep_every_k/keep_layers is dropped when a run names the other). Every run distils the same teacher on the same
+corpora with run_distill (this process, no services) and is scored on the same held-out texts of the gate's
+eval sources: perplexity against the teacher's, top-1 agreement and KL with the teacher, before and after
+training, with the training throughput and the run's wall time (evaluation included). Prints a markdown row per run as it finishes and writes all of it to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from tasks.config import load_profile  # noqa: E402
+from tasks.distill import run_distill  # noqa: E402
+from tasks.evaluation.gate import eval_texts  # noqa: E402
+from tasks.model_source import teacher_dir  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="configs/demo-cpu.yaml")
+    ap.add_argument("--run", action="append", required=True, help="JSON object of distill fields for one run")
+    ap.add_argument("--eval-texts", type=int, default=60)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+
+    profile = load_profile(a.profile)
+    teacher = teacher_dir(profile)  # converted once into the profile's work dir
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(teacher)
+    held_out = eval_texts({k: profile.resolve(v) for k, v in profile.gate.eval_sources.items()}, a.eval_texts, tok)
+    corpora = [profile.resolve(c) for c in profile.distill.corpora]
+    torch.set_num_threads(os.cpu_count() or 1)
+    base = profile.distill.model_dump(exclude_unset=True)
+    results = []
+    print("| run | layers | steps | lr | ppl before | ppl after | × teacher | top-1 after | KL after | train tok/s | wall s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory(prefix="edgeflow-frontier-") as tmp:
+        for i, spec in enumerate(a.run):
+            over = json.loads(spec)
+            fields = dict(base)
+            if "keep_layers" in over or "keep_every_k" in over:
+                fields.pop("keep_layers", None)
+                fields.pop("keep_every_k", None)
+            cfg = type(profile.distill).model_validate(fields | over)
+            t0 = time.perf_counter()
+            m = run_distill(teacher, cfg, corpora, held_out, Path(tmp) / f"s{i}", Path(tmp) / "work")
+            wall = time.perf_counter() - t0
+            m.pop("history", None)
+            row = {"run": over, "wall_s": wall} | m
+            results.append(row)
+            print(f"| {json.dumps(over)} | {m['student_layers']} | {cfg.steps} | {cfg.lr:g} | {m['student_ppl_before_training']:.1f} | "
+                  f"{m['student_ppl']:.1f} | {m['student_ppl'] / m['teacher_ppl']:.2f} | {m['student_top1_vs_teacher']:.1%} | "
+                  f"{m['student_kl_vs_teacher']:.3f} | {m['mean_tokens_per_s']:.0f} | {wall:.0f} |", flush=True)
+            a.out.write_text(json.dumps({"profile": a.profile, "eval_texts": a.eval_texts, "cpus": os.cpu_count(),
+                                         "results": results}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
