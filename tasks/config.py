@@ -42,6 +42,14 @@ class DistillConfig(_Strict):
         default=None,
         description="Explicit teacher layers the student keeps (sorted, unique, 0-based, in range); replaces keep_every_k.",
     )
+    drop_block: int | None = Field(
+        default=None, ge=1,
+        description="Drop this many consecutive teacher layers: the block whose input and output hidden states are closest "
+        "(mean angular distance over the first training sequences), never layer 0 or the last layer; replaces keep_every_k. "
+        "Why: a contiguous block of late-middle layers changes the residual stream least, so the cut student starts far "
+        "closer to the teacher than one keeping every k-th layer (11 of 30 SmolLM2 layers before training: perplexity "
+        "7,110 vs 173,154; BENCHMARKS.md).",
+    )
     student_from: str | None = Field(
         default=None,
         description="Directory with the student's config.json (random init) or checkpoint, and the tokenizer it was made with; "
@@ -136,8 +144,12 @@ class DistillConfig(_Strict):
                 raise ValueError(f"distill.keep_layers={k} must be sorted and unique; use {sorted(set(k))}")
             if "keep_every_k" in self.model_fields_set:
                 raise ValueError("distill.keep_layers and distill.keep_every_k are both set; keep one of them")
-        if self.student_from is not None and (self.keep_layers is not None or "keep_every_k" in self.model_fields_set):
-            raise ValueError("distill.student_from replaces layer dropping; remove distill.keep_layers / distill.keep_every_k")
+        if self.drop_block is not None and (self.keep_layers is not None or "keep_every_k" in self.model_fields_set):
+            raise ValueError("distill.drop_block replaces distill.keep_layers / distill.keep_every_k; keep one of them")
+        if self.student_from is not None and (self.keep_layers is not None or self.drop_block is not None
+                                              or "keep_every_k" in self.model_fields_set):
+            raise ValueError("distill.student_from replaces layer dropping; remove distill.keep_layers / distill.keep_every_k / "
+                             "distill.drop_block")
         if self.hidden_layer_map is not None:
             m = self.hidden_layer_map
             if not m:

@@ -19,7 +19,7 @@ from tasks.distill.checkpoints import checkpoint_root, distill_run_key
 from tasks.distill.checks import (PARAM_RATIO_GUIDELINE, check_memory_budget, check_no_shared_storage, check_teacher_frozen,
                                   check_vocab, load_tokenizer, param_ratio)
 from tasks.distill.data import TokenDataset, prepare_dataset, tokenize_corpus
-from tasks.distill.student import build_student, count_params, resolve_layer_map
+from tasks.distill.student import BLOCK_PROBE_SEQS, build_student, count_params, resolve_layer_map
 from tasks.distill.train import DistillResult, LogFn, train
 
 
@@ -82,7 +82,9 @@ def prepare_run(teacher_dir: Path, cfg: DistillConfig, corpora: list[Path], eval
     teacher.requires_grad_(False)
     teacher.eval()
     check_vocab(teacher, tokenizer, "teacher")
-    student, kept = build_student(teacher, cfg, student_from)
+    data, data_stats = prepare_dataset(corpora, tokenizer, cfg, work_dir / "cache" / "distill-data")
+    probe = [data[i] for i in range(min(len(data), BLOCK_PROBE_SEQS))] if cfg.drop_block else None
+    student, kept = build_student(teacher, cfg, student_from, probe)
     if student.config.vocab_size != teacher.config.vocab_size:
         raise ValueError(
             f"distill.student_from={student_from}: the student's vocab_size {student.config.vocab_size} != the teacher's "
@@ -101,7 +103,6 @@ def prepare_run(teacher_dir: Path, cfg: DistillConfig, corpora: list[Path], eval
               "student_training_memory_mb": memory_mb, "student_layers": student.config.num_hidden_layers}
     log(0, checks)
 
-    data, data_stats = prepare_dataset(corpora, tokenizer, cfg, work_dir / "cache" / "distill-data")
     log(0, {k: v for k, v in data_stats.items() if k != "dataset_key"})
     held_out, _ = tokenize_corpus(eval_texts, tokenizer, cfg.max_seq_len)
     if not held_out:

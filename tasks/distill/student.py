@@ -39,8 +39,41 @@ def every_kth(n_layers: int, k: int) -> list[int]:
     return keep
 
 
-def kept_layers(cfg: DistillConfig, n_layers: int) -> list[int]:
-    """The teacher layers a layer-dropped student keeps: cfg.keep_layers, else every keep_every_k-th."""
+# Training sequences the drop_block choice reads (the first ones of the training set, so every process and every retry
+# of the same run chooses the same block).
+BLOCK_PROBE_SEQS = 16
+
+
+def block_distances(teacher, seqs: list[list[int]], size: int) -> dict[int, float]:
+    """{first layer l: mean angular distance (0..1) between the residual stream entering layer l and leaving layer
+    l + size - 1}, over every position of `seqs`, for each block that spares layer 0 and the last layer."""
+    n = teacher.config.num_hidden_layers
+    starts = range(1, n - size)
+    if not starts:
+        raise ValueError(f"distill.drop_block={size} leaves no block to drop in a {n}-layer teacher that keeps layer 0 and "
+                         f"layer {n - 1}; use at most {n - 2}")
+    sums = {l: 0.0 for l in starts}
+    count = 0
+    with torch.no_grad():
+        for s in seqs:
+            hs = teacher(input_ids=torch.tensor([s], device=next(teacher.parameters()).device), output_hidden_states=True,
+                         use_cache=False).hidden_states  # hs[l]: the input of layer l
+            for l in starts:
+                cos = torch.nn.functional.cosine_similarity(hs[l][0].float(), hs[l + size][0].float(), dim=-1)
+                sums[l] += float(torch.arccos(cos.clamp(-1, 1)).sum()) / torch.pi
+            count += len(s)
+    return {l: v / max(count, 1) for l, v in sums.items()}
+
+
+def kept_layers(cfg: DistillConfig, n_layers: int, teacher=None, seqs: list[list[int]] | None = None) -> list[int]:
+    """The teacher layers a layer-dropped student keeps: cfg.keep_layers, else all but cfg.drop_block's block (chosen
+    on `teacher` over `seqs`), else every keep_every_k-th."""
+    if cfg.drop_block is not None:
+        if teacher is None or not seqs:
+            raise ValueError("distill.drop_block chooses its block on the teacher over training sequences; none were given")
+        d = block_distances(teacher, seqs[:BLOCK_PROBE_SEQS], cfg.drop_block)
+        first = min(d, key=lambda l: (d[l], l))
+        return [i for i in range(n_layers) if not first <= i < first + cfg.drop_block]
     if cfg.keep_layers is None:
         return every_kth(n_layers, cfg.keep_every_k)
     bad = [i for i in cfg.keep_layers if i >= n_layers]
@@ -56,11 +89,12 @@ def _has_weights(d: Path) -> bool:
     return any(d.glob("*.safetensors")) or (d / "pytorch_model.bin").exists()
 
 
-def build_student(teacher, cfg: DistillConfig, student_from: Path | None = None):
+def build_student(teacher, cfg: DistillConfig, student_from: Path | None = None, seqs: list[list[int]] | None = None):
     """(student, kept teacher layers or None): a layer-dropped copy of the teacher, or the model at student_from
-    (its checkpoint, or a fresh seeded init when the directory holds only a config.json)."""
+    (its checkpoint, or a fresh seeded init when the directory holds only a config.json). `seqs`: training sequences,
+    which distill.drop_block reads to choose its block."""
     if student_from is None:
-        kept = kept_layers(cfg, teacher.config.num_hidden_layers)
+        kept = kept_layers(cfg, teacher.config.num_hidden_layers, teacher, seqs)
         return keep_layers(teacher, kept), kept
     from transformers import AutoConfig, AutoModelForCausalLM
 

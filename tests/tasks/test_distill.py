@@ -116,6 +116,33 @@ def test_kept_layers_every_kth_explicit_and_out_of_range():
         kept_layers(DistillConfig(keep_layers=[0, 30]), 30)
 
 
+def test_drop_block_removes_the_block_that_changes_the_residual_stream_least():
+    """Layers 3 and 4 of an 8-layer model write nothing into the residual stream (o_proj and down_proj zeroed): the
+    angular distance across them is 0, so drop_block=2 removes exactly them; layer 0 and the last layer always stay."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tasks.distill.student import block_distances
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+    with torch.no_grad():
+        for i in (3, 4):
+            model.model.layers[i].self_attn.o_proj.weight.zero_()
+            model.model.layers[i].mlp.down_proj.weight.zero_()
+    model.eval()
+    seqs = [list(range(5, 37)), list(range(40, 70))]
+    d = block_distances(model, seqs, 2)
+    assert sorted(d) == [1, 2, 3, 4, 5] and d[3] < 1e-3 < min(v for l, v in d.items() if l != 3)
+    assert kept_layers(DistillConfig(drop_block=2), 8, model, seqs) == [0, 1, 2, 5, 6, 7]
+    student, kept = build_student(model, DistillConfig(drop_block=2), None, seqs)
+    assert kept == [0, 1, 2, 5, 6, 7] and student.config.num_hidden_layers == 6
+    with pytest.raises(ValueError, match=r"drop_block=7 leaves no block .* use at most 6"):
+        kept_layers(DistillConfig(drop_block=7), 8, model, seqs)
+    with pytest.raises(ValidationError, match="drop_block replaces"):
+        DistillConfig(drop_block=2, keep_every_k=2)
+
+
 def test_student_keeps_the_chosen_teacher_layers(tiny_llama):
     teacher, student, layer_map = _tiny_pair(tiny_llama, DistillConfig(keep_layers=[1]))
     assert student.config.num_hidden_layers == 1
