@@ -4,7 +4,7 @@
         --run '{"keep_every_k": 3}' --run '{"keep_layers": [0, 1, 2, 29], "steps": 120}' --out /tmp/frontier.json
 
 Each --run is a JSON object of distill fields laid over the profile's `distill` section (so the profile's own
-keep_every_k/keep_layers is dropped when a run names the other). Every run distils the same teacher on the same
+keep_every_k/keep_layers/drop_block is dropped when a run names one of them). Every run distils the same teacher on the same
 corpora with run_distill (this process, no services) and is scored on the same held-out texts of the gate's
 eval sources: perplexity against the teacher's, top-1 agreement and KL with the teacher, before and after
 training, with the training throughput and the run's wall time (evaluation included). Prints a markdown row per run as it finishes and writes all of it to --out.
@@ -54,9 +54,9 @@ def main() -> None:
         for i, spec in enumerate(a.run):
             over = json.loads(spec)
             fields = dict(base)
-            if "keep_layers" in over or "keep_every_k" in over:
-                fields.pop("keep_layers", None)
-                fields.pop("keep_every_k", None)
+            if {"keep_layers", "keep_every_k", "drop_block"} & set(over):  # the run's way of cutting replaces the profile's
+                for k in ("keep_layers", "keep_every_k", "drop_block"):
+                    fields.pop(k, None)
             cfg = type(profile.distill).model_validate(fields | over)
             t0 = time.perf_counter()
             m = run_distill(teacher, cfg, corpora, held_out, Path(tmp) / f"s{i}", Path(tmp) / "work")
