@@ -82,8 +82,9 @@ def prepare_run(teacher_dir: Path, cfg: DistillConfig, corpora: list[Path], eval
     teacher.requires_grad_(False)
     teacher.eval()
     check_vocab(teacher, tokenizer, "teacher")
-    data, data_stats = prepare_dataset(corpora, tokenizer, cfg, work_dir / "cache" / "distill-data")
-    probe = [data[i] for i in range(min(len(data), BLOCK_PROBE_SEQS))] if cfg.drop_block else None
+    # drop_block chooses its block on training sequences, so only then is the training set built before the checks
+    prepared = prepare_dataset(corpora, tokenizer, cfg, work_dir / "cache" / "distill-data") if cfg.drop_block else None
+    probe = [prepared[0][i] for i in range(min(len(prepared[0]), BLOCK_PROBE_SEQS))] if prepared else None
     student, kept = build_student(teacher, cfg, student_from, probe)
     if student.config.vocab_size != teacher.config.vocab_size:
         raise ValueError(
@@ -103,6 +104,7 @@ def prepare_run(teacher_dir: Path, cfg: DistillConfig, corpora: list[Path], eval
               "student_training_memory_mb": memory_mb, "student_layers": student.config.num_hidden_layers}
     log(0, checks)
 
+    data, data_stats = prepared or prepare_dataset(corpora, tokenizer, cfg, work_dir / "cache" / "distill-data")
     log(0, {k: v for k, v in data_stats.items() if k != "dataset_key"})
     held_out, _ = tokenize_corpus(eval_texts, tokenizer, cfg.max_seq_len)
     if not held_out:

@@ -40,6 +40,7 @@
 //    step has no per-op Python overhead. Row m has its own slot (KV cache) and position; the rows of one slot
 //    are consecutive positions in order (a prefill chunk, or one decode row), and several slots may share a
 //    step (a batched decode step, or the prompts of streams that arrived together).
+#define _GNU_SOURCE  // pthread_setname_np
 #include <immintrin.h>
 #include <math.h>
 #include <limits.h>
@@ -118,6 +119,7 @@ typedef struct { team_t* t; int tid; } worker_arg;
 
 static void* team_worker(void* p) {
     team_t* t = ((worker_arg*)p)->t; const int tid = ((worker_arg*)p)->tid; free(p);
+    pthread_setname_np(pthread_self(), "edgeflow-team");  // what top -H and /proc/<pid>/task/*/comm show
     for (unsigned seen = 0;;) {
         wait_for(t, &t->gen, seen + 1, &t->gen_sleepers); seen++;
         if (atomic_load(&t->stop)) return NULL;

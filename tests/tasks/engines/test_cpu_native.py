@@ -483,8 +483,9 @@ def test_thread_count_env(engines, sessions, monkeypatch) -> None:
 
 
 @pytest.mark.slow
-def _tasks() -> int:
-    return len(os.listdir("/proc/self/task"))
+def _team_threads() -> int:
+    """This process's team workers, by the name q4.c gives them (other threads come and go during the suite)."""
+    return sum(Path(f"/proc/self/task/{t}/comm").read_text().strip() == "edgeflow-team" for t in os.listdir("/proc/self/task"))
 
 
 @pytest.mark.parametrize("spin_us", ["0", "50", "5000"])
@@ -518,14 +519,14 @@ def test_a_dropped_session_stops_its_threads(engines, monkeypatch) -> None:
     monkeypatch.setenv(cpu_host.THREADS_ENV, "3")
     monkeypatch.setattr(cpu_native, "IDLE_EXIT_S", 0.2)
     gc.collect()
-    before = _tasks()
+    before = _team_threads()
     session = cpu_native.load(engines["asym"])
-    assert session.threads == 3 and _tasks() == before + 2  # the caller is the team's third thread
+    assert session.threads == 3 and _team_threads() == before + 2  # the caller is the team's third thread
     list(cpu_native.generate(session, _prompts()[0], 4, []))
     session._scheduler.thread.join(timeout=10)
     del session
     gc.collect()
-    assert _tasks() == before
+    assert _team_threads() == before
 
 
 def test_real_student_parity(tmp_path_factory, record_property) -> None:
