@@ -21,7 +21,7 @@ def main() -> int:
 
     from tasks.config import load_profile
     from tasks.progress import follow
-    from tasks.report import table
+    from tasks.report import staged_row, table
     from tasks.runs import tracking_uri
 
     ap = argparse.ArgumentParser(description=__doc__)
@@ -45,7 +45,7 @@ def main() -> int:
     print(f"student: {s['student_layers']} layers, top-1 agreement with teacher {s['student_top1_vs_teacher']:.1%}, "
           f"perplexity {s['student_ppl']:.1f} vs teacher {s['teacher_ppl']:.1f} "
           f"({s['student_ppl'] / s['teacher_ppl']:.1f}×), quality {s['student_quality_pct']:.0f}% of the teacher")
-    staged = next((r for r in report["variants"] if r["name"] == report["staging"]), None)
+    staged = staged_row(report)
     if staged and staged.get("answers"):
         a = staged["answers"]
         print(f"answers of {staged['name']} to the {len(a)} demo prompts: {staged['answers_ok']} not degenerate "

@@ -158,6 +158,11 @@ def nightly_markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def staged_row(report: dict) -> dict | None:
+    """The report's row of the variant that got `staging`, or None when nothing was staged."""
+    return next((r for r in report["variants"] if r["name"] == report.get("staging")), None)
+
+
 def answers_ok(answers: list[dict] | None) -> str | None:
     """'k/n': how many of the demo prompts' answers are not degenerate (tasks/evaluation/answers.py); None without them."""
     return None if answers is None else f"{sum(not a['degenerate'] for a in answers)}/{len(answers)}"
@@ -238,7 +243,7 @@ def markdown(report: dict) -> str:
         f"Held-out perplexity is {s['student_ppl'] / s['teacher_ppl']:.1f}× the teacher's."
         if s.get("student_ppl") and s.get("teacher_ppl") else "",
     ]
-    staged = next((r for r in report["variants"] if r["name"] == report.get("staging")), None)
+    staged = staged_row(report)
     for row in [r for r in (staged, report["variants"][0]) if r and r.get("answers")][:1]:
         out += ["", answers_section(row)]
     if report.get("plots"):
