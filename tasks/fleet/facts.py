@@ -127,7 +127,7 @@ def detect_facts(root: Path = Path("/")) -> dict[str, str]:
     """
     from tasks.codeversion import code_identity
     from tasks.engines.cpu_host import device_fingerprint
-    from tasks.engines.tensorrt_llm.device import parse_nv_tegra_release
+    from tasks.engines.gpu_host import parse_nv_tegra_release
 
     facts: dict[str, str] = {}
     cpu = device_fingerprint()
@@ -153,7 +153,7 @@ def detect_facts(root: Path = Path("/")) -> dict[str, str]:
 
     gpu: dict = {}
     if nvidia_driver_present(root):
-        from tasks.engines.tensorrt_llm.device import device_fingerprint as gpu_fingerprint
+        from tasks.engines.gpu_host import gpu_fingerprint
 
         gpu = gpu_fingerprint()
     if gpu.get("sm"):

@@ -9,108 +9,21 @@ stage's cache key (`build_identity`, `cache_key`) keeps engines of different dev
 """
 from __future__ import annotations
 
-import contextlib
-import importlib.metadata
-import importlib.util
-import json
-import os
-import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from tasks.artifacts import sha256_json
 from tasks.engines import EngineIncompatibleError, engine_dir as edir
+from tasks.engines.gpu_host import JETPACK_BY_L4T, dist_version, gpu_fingerprint, mmp, parse_nv_tegra_release  # noqa: F401 (re-exported)
 from tasks.engines.tensorrt_llm.plan import BACKEND, TRTLLM_SRC_ENV
-
-# L4T release (/etc/nv_tegra_release) -> JetPack. TensorRT on Jetson comes with JetPack.
-_JETPACK_BY_L4T = {"36.3.0": "6.0", "36.4.0": "6.1", "36.4.3": "6.2"}
-
-
-def _dist_version(*names: str) -> str | None:
-    for name in names:
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            return importlib.metadata.version(name)
-    return None
-
-
-def parse_nv_tegra_release(text: str) -> str | None:
-    """'# R36 (release), REVISION: 4.0, ...' -> '36.4.0' (the L4T release of a Jetson)."""
-    m = re.search(r"R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)", text)
-    return f"{m.group(1)}.{m.group(2)}" if m else None
-
-
-def _nvidia_smi() -> dict[str, str] | None:
-    """compute_cap, name, driver_version of the first visible GPU, or None (no nvidia-smi / N/A fields)."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    # nvidia-smi ignores CUDA_VISIBLE_DEVICES; -i takes the same index or UUID
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    cmd = [exe, "--query-gpu=compute_cap,name,driver_version", "--format=csv,noheader"] + (["-i", visible] if visible else [])
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = [ln for ln in out.splitlines() if ln.strip()]
-    if not lines:
-        return None
-    parts = [p.strip() for p in lines[0].split(",")]
-    if len(parts) < 3 or not re.fullmatch(r"\d+\.\d+", parts[0]):
-        return None  # Jetson's nvidia-smi answers [N/A] for some fields
-    return {"compute_cap": parts[0], "name": parts[1], "driver_version": parts[2]}
-
-
-def _cuda_toolkit_version() -> str | None:
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        return json.loads(Path("/usr/local/cuda/version.json").read_text())["cuda"]["version"]
-    return None
 
 
 def device_fingerprint() -> dict[str, Any]:
-    """SM, GPU name, driver, CUDA/TensorRT/TensorRT-LLM versions and Jetson L4T/JetPack of this machine."""
-    fp: dict[str, Any] = {
-        "cuda_available": False, "sm": None, "device_name": None, "driver_version": None,
-        "cuda_version": _cuda_toolkit_version(),
-        "tensorrt": _dist_version("tensorrt", "tensorrt-cu12", "tensorrt_cu12"),
-        "tensorrt_llm": _dist_version("tensorrt_llm", "tensorrt-llm"),
-        "l4t_release": None, "jetpack": None, "reason": None,
-    }
-    with contextlib.suppress(OSError):
-        fp["l4t_release"] = parse_nv_tegra_release(Path("/etc/nv_tegra_release").read_text())
-        fp["jetpack"] = _JETPACK_BY_L4T.get(fp["l4t_release"] or "")
-    if fp["tensorrt"] is None and importlib.util.find_spec("tensorrt") is not None:
-        # JetPack installs TensorRT's Python bindings from apt, without pip metadata
-        with contextlib.suppress(Exception):
-            import tensorrt
-
-            fp["tensorrt"] = tensorrt.__version__
-    smi = _nvidia_smi()
-    if smi is not None:
-        fp.update(cuda_available=True, sm="sm" + smi["compute_cap"].replace(".", ""), device_name=smi["name"],
-                  driver_version=smi["driver_version"])
-        return fp
-    if importlib.util.find_spec("torch") is None:
-        fp["reason"] = "no nvidia-smi answer and no torch to query CUDA"
-        return fp
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            fp["reason"] = "torch.cuda.is_available() is False"
-            return fp
-        major, minor = torch.cuda.get_device_capability(0)
-        fp.update(cuda_available=True, sm=f"sm{major}{minor}", device_name=torch.cuda.get_device_name(0),
-                  cuda_version=fp["cuda_version"] or torch.version.cuda)
-    except Exception as e:  # a broken CUDA install must read as "no CUDA", never crash the caller
-        fp["reason"] = f"CUDA query failed: {type(e).__name__}: {e}"
-    return fp
+    """The GPU fingerprint (tasks.engines.gpu_host) plus the installed TensorRT-LLM's version."""
+    return gpu_fingerprint() | {"tensorrt_llm": dist_version("tensorrt_llm", "tensorrt-llm")}
 
 
-def _mmp(version: str | None) -> tuple[int, ...] | None:
-    m = re.match(r"^(\d+)\.(\d+)\.(\d+)", str(version or ""))
-    return tuple(int(x) for x in m.groups()) if m else None
+_mmp = mmp
 
 
 def compare(engine_meta: dict[str, Any], device: dict[str, Any]) -> None:

@@ -402,7 +402,7 @@ def test_parse_nv_tegra_release():
     text = "# R36 (release), REVISION: 4.0, GCID: 37537400, BOARD: generic, EABI: aarch64, DATE: Fri Sep 13 04:36:44 UTC 2024\n"
     assert trt.parse_nv_tegra_release(text) == "36.4.0"
     assert trt.parse_nv_tegra_release("garbage") is None
-    assert trt.device._JETPACK_BY_L4T["36.4.0"] == "6.1"
+    assert trt.device.JETPACK_BY_L4T["36.4.0"] == "6.1"
 
 
 # ---------------------------------------------------------------------------------------------
