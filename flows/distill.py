@@ -29,6 +29,8 @@ def train_student(teacher: ArtifactRef, cfg: DistillConfig, corpora: list[Artifa
     """
     from transformers import AutoTokenizer
 
+    from tasks.distill import teacher_cache
+    from tasks.distill.run import cache_spec, teacher_cache_root
     from tasks.distill_launch import distill_runner
     from tasks.evaluation.gate import eval_texts
     from tasks.lineage import TEACHER_META_KEY
@@ -43,12 +45,19 @@ def train_student(teacher: ArtifactRef, cfg: DistillConfig, corpora: list[Artifa
     held_out_texts = eval_texts({k: materialize(v) for k, v in held_out.items()}, 24, tok)
     corpus_files = [materialize(c) for c in corpora]
     params = cfg.model_dump() | {"teacher_sha256": teacher.sha256} | ({"student_from_sha256": student_from.sha256} if student_from else {})
+    spec, cache_root = cache_spec(cfg, teacher.sha256), teacher_cache_root(profile.work)
     with stage_run(ctx, "distill", params) as (client, run_id):
         log_training_set(client, run_id, dict(zip(cfg.corpora, corpus_files)))
+        if cfg.teacher_cache.enabled:  # what any host computed for this teacher before, fetched and checked by sha256
+            client.log_metric(run_id, "teacher_cache_shards_fetched", teacher_cache.pull(client, spec, cache_root))
         metrics = distill_runner(cfg)(  # in this process, or torchrun over distill.processes GPUs
             teacher_path, cfg, corpus_files, held_out_texts, out, profile.work,
             student_from=materialize(student_from) if student_from else None, log=mlflow_step_logger(client, run_id),
+            teacher_sha256=teacher.sha256,
         )
+        if cfg.teacher_cache.enabled:  # what this run computed, for the next run on any host
+            pushed = teacher_cache.push(client, spec, cache_root, profile.registry.artifact_location)
+            client.log_metric(run_id, "teacher_cache_shards_pushed", len(pushed))
         history = metrics.pop("history")
         for k, v in metrics.items():
             client.log_metric(run_id, k, float(v))

@@ -26,6 +26,32 @@ class TeacherConfig(_Strict):
     path: str | None = Field(default=None, description="Directory or hub id of the teacher (source=local or hub).")
 
 
+class TeacherCacheConfig(_Strict):
+    """The teacher-output cache (tasks/distill/teacher_cache.py): the teacher's top-k log-probabilities and mapped
+    hidden states per training sequence, computed once per (teacher, sequence) and reused by later runs on any host."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Train on the teacher's cached top-k outputs, computing (and storing) only the sequences the cache lacks. "
+        "False: the full-vocabulary KL against a live teacher forward every step (nothing stored).",
+    )
+    top_k: int = Field(
+        default=64, ge=1,
+        description="Teacher tokens kept per position; the KL runs over these k plus one bucket for the rest of the vocabulary "
+        "(tasks/losses.py:kd_sums_topk). 64 keeps 512 bytes a token; on the demo teacher at T=1 the top 64 hold most of the "
+        "mass (BENCHMARKS.md, 'The teacher-output cache').",
+    )
+    hidden_dtype: Literal["bfloat16", "float16"] = Field(
+        default="bfloat16",
+        description="Storage dtype of the mapped teacher layers' hidden states (beta > 0); a live step rounds the same way.",
+    )
+    max_gb: float = Field(
+        default=50, gt=0,
+        description="Refuse before training when the outputs this run would add (its distinct sequences x tokens x bytes per "
+        "token) exceed this many GB: lower top_k, match fewer layers (hidden_layer_map or beta 0), or raise it.",
+    )
+
+
 class DistillConfig(_Strict):
     """Distillation: how the student is made from the teacher, trained, checkpointed and watched."""
 
@@ -90,6 +116,10 @@ class DistillConfig(_Strict):
         description="Training text files (JSONL with messages, text or question/answer), relative to the repo.",
     )
     seed: int = Field(default=0, description="Seed for data order and initialisation.")
+    teacher_cache: TeacherCacheConfig = Field(
+        default_factory=TeacherCacheConfig,
+        description="Teacher outputs stored by content and reused across runs and hosts (teacher forward on cache misses only).",
+    )
     # --- processes: how the same training is computed (see training_identity)
     processes: int | None = Field(
         default=None, ge=1,
@@ -188,8 +218,9 @@ class DistillConfig(_Strict):
         # processes compute the one-process gradient, and the data order is global (BatchOrder). What they do change is
         # rounding (bf16 under the ZeRO config on CUDA) and the checkpoint format: a DeepSpeed checkpoint is sharded per
         # process, and resuming it with another strategy or process count fails naming both (tasks/distill/train.py:train).
-        return self.model_dump(exclude={"checkpoint_every", "pushgateway_url", "push_every", "stall_timeout_s",
-                                        "processes", "strategy", "deepspeed_config", "offload_optimizer", "offload_param"})
+        return self.model_dump(exclude={"checkpoint_every": True, "pushgateway_url": True, "push_every": True,
+                                        "stall_timeout_s": True, "processes": True, "strategy": True, "deepspeed_config": True,
+                                        "offload_optimizer": True, "offload_param": True, "teacher_cache": {"max_gb"}})
 
 
 class CalibrationConfig(_Strict):

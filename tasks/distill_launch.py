@@ -136,7 +136,8 @@ def distill_runner(cfg: DistillConfig) -> Callable[..., dict]:
 
 
 def run_distill_distributed(teacher_dir: Path, cfg: DistillConfig, corpora: list[Path], eval_texts: list[str], out_dir: Path,
-                            work_dir: Path, student_from: Path | None = None, log: LogFn | None = None) -> dict:
+                            work_dir: Path, student_from: Path | None = None, log: LogFn | None = None,
+                            teacher_sha256: str | None = None) -> dict:
     """run_distill over resolve_processes(cfg) processes launched by torchrun; the same metrics, the student in out_dir.
 
     An MLflowStepLogger `log` is handed to rank 0, which logs each step as it happens; any other callback receives
@@ -144,7 +145,7 @@ def run_distill_distributed(teacher_dir: Path, cfg: DistillConfig, corpora: list
     """
     n = resolve_processes(cfg)
     if n == 1:
-        return run_distill(teacher_dir, cfg, corpora, eval_texts, out_dir, work_dir, student_from, log)
+        return run_distill(teacher_dir, cfg, corpora, eval_texts, out_dir, work_dir, student_from, log, teacher_sha256)
     check_strategy(cfg, n)
     cuda = visible_cuda_devices() > 0
     zero = zero_config(cfg, n, bf16=cuda) if cfg.strategy == "deepspeed-zero3" else None
@@ -163,7 +164,7 @@ def run_distill_distributed(teacher_dir: Path, cfg: DistillConfig, corpora: list
             "student_from": str(student_from) if student_from is not None else None, "zero_config": zero,
             "mlflow": mlflow, "events": str(d / "events.jsonl") if log is not None and mlflow is None else None,
             "result": str(d / "result.json"), "errors": str(d / "errors"),
-            "dataset_cache_hit": data_stats["dataset_cache_hit"],
+            "dataset_cache_hit": data_stats["dataset_cache_hit"], "teacher_sha256": teacher_sha256,
         }
         (d / "spec.json").write_text(json.dumps(spec))
         env = os.environ.copy()
@@ -270,12 +271,13 @@ def _run_process(spec: dict) -> None:
         student_from = Path(spec["student_from"]) if spec["student_from"] else None
         log = _rank0_log(spec) if rank == 0 else None
         run = prepare_run(Path(spec["teacher_dir"]), cfg, [Path(c) for c in spec["corpora"]], spec["eval_texts"],
-                          Path(spec["work_dir"]), student_from, log)
+                          Path(spec["work_dir"]), student_from, log, spec["teacher_sha256"])
         run.teacher.to(device)
         run.student.to(device)
         before = compare_to_teacher(run.teacher, run.student, run.held_out) if rank == 0 else {}
         result = train(run.teacher, run.student, run.data, cfg, run.tokenizer.pad_token_id, layer_map=run.layer_map,
-                       checkpoint_dir=run.checkpoint_dir, run_label=run.run_key[:12], log=log, zero_config=spec["zero_config"])
+                       checkpoint_dir=run.checkpoint_dir, run_label=run.run_key[:12], log=log, zero_config=spec["zero_config"],
+                       teacher_cache=run.teacher_cache)
         if rank == 0:
             metrics = finish_run(run, before, result, Path(spec["out_dir"])) | {"dataset_cache_hit": spec["dataset_cache_hit"]}
             out = Path(spec["result"])

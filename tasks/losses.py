@@ -39,6 +39,50 @@ def kd_sums(
     return kd, ce, mask.sum()
 
 
+def teacher_topk(teacher_logits: torch.Tensor, temperature: float, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(indices, log-probabilities) of the teacher's k most likely tokens at temperature T, per position.
+
+    What the teacher-output cache stores (tasks/distill/teacher_cache.py): log p_T(i) = log_softmax(z / T)_i of the
+    full vocabulary, so the mass outside the top k is known (1 − Σ p) without the other logits.
+    """
+    log_pt = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
+    values, indices = log_pt.topk(min(k, log_pt.shape[-1]), dim=-1)
+    return indices, values
+
+
+def kd_sums_topk(
+    student_logits: torch.Tensor,
+    topk_indices: torch.Tensor,
+    topk_logp: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float,
+    ignore_index: int = -100,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """kd_sums with the teacher given as its top-k log-probabilities at temperature T (teacher_topk), not its logits.
+
+    The KL is taken over k + 1 outcomes: the teacher's k tokens, and "any other token" with the teacher's remaining
+    mass 1 − Σ p_T and the student's 1 − Σ p_S over the same k. That is a proper KL between two coarsened
+    distributions: never above the full-vocabulary KL (merging outcomes cannot raise a KL), equal to it when k is the
+    vocabulary size, and it still pulls down the student's mass outside the teacher's top k.
+    topk_indices/topk_logp are [batch, seq, k] aligned with `labels`; the rest as in kd_sums.
+    """
+    mask = labels != ignore_index
+    s = student_logits[mask].float()
+    idx = topk_indices[mask].long()
+    log_pt = topk_logp[mask].float()
+    log_ps_all = F.log_softmax(s / temperature, dim=-1)
+    log_ps = log_ps_all.gather(-1, idx)
+    kd_top = (log_pt.exp() * (log_pt - log_ps)).sum()
+    # the rest: log(1 − Σ p) computed as log1p(−Σ p), clamped where the k tokens hold (numerically) all the mass
+    rest_t = (-log_pt.exp().sum(-1)).clamp(min=-1.0 + 1e-7).log1p()
+    rest_s = (-log_ps.exp().sum(-1)).clamp(min=-1.0 + 1e-7).log1p()
+    p_rest = rest_t.exp()
+    kd_rest = torch.where(p_rest > 1e-6, p_rest * (rest_t - rest_s), torch.zeros_like(p_rest)).sum()
+    kd = (kd_top + kd_rest) * temperature**2
+    ce = F.cross_entropy(s, labels[mask], reduction="sum")
+    return kd, ce, mask.sum()
+
+
 # Guards the relative MSE's divisor against an all-zero teacher hidden state.
 _TINY = 1e-12
 

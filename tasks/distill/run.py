@@ -13,13 +13,14 @@ from pathlib import Path
 
 import torch
 
-from tasks.artifacts import write_manifest
+from tasks.artifacts import sha256_tree, write_manifest
 from tasks.config import DistillConfig
 from tasks.distill.checkpoints import checkpoint_root, distill_run_key
 from tasks.distill.checks import (PARAM_RATIO_GUIDELINE, check_memory_budget, check_no_shared_storage, check_teacher_frozen,
                                   check_vocab, load_tokenizer, param_ratio)
 from tasks.distill.data import TokenDataset, prepare_dataset, tokenize_corpus
 from tasks.distill.student import BLOCK_PROBE_SEQS, build_student, count_params, resolve_layer_map
+from tasks.distill.teacher_cache import CacheSpec, TeacherCache, bytes_per_token
 from tasks.distill.train import DistillResult, LogFn, train
 
 
@@ -67,12 +68,39 @@ class PreparedRun:
     held_out: list[list[int]]
     run_key: str
     checkpoint_dir: Path
+    teacher_cache: TeacherCache | None = None
+
+
+def teacher_cache_root(work_dir: Path) -> Path:
+    """Where this host keeps teacher-output shards (tasks/distill/teacher_cache.py), one directory per namespace."""
+    return Path(work_dir) / "cache" / "teacher-outputs"
+
+
+def cache_spec(cfg: DistillConfig, teacher_sha256: str) -> CacheSpec:
+    """The namespace of the teacher outputs a run with cfg reads and writes."""
+    return CacheSpec(teacher_sha256, cfg.teacher_cache.top_k, cfg.temperature, cfg.teacher_cache.hidden_dtype)
+
+
+def check_cache_budget(cfg: DistillConfig, data_stats: dict, hidden_layers: int, hidden_size: int) -> float:
+    """GB the run could add to the teacher-output cache (its distinct sequences, none cached); ValueError over max_gb."""
+    seqs = min(cfg.steps * cfg.batch_size, data_stats["training_sequences"])
+    tokens = seqs * data_stats["training_tokens"] / max(data_stats["training_sequences"], 1)
+    gb = tokens * bytes_per_token(cfg.teacher_cache.top_k, hidden_layers, hidden_size) / 1e9
+    if gb > cfg.teacher_cache.max_gb:
+        raise ValueError(
+            f"distill.teacher_cache: this run would store up to {gb:,.1f} GB of teacher outputs ({seqs:,} sequences, {tokens:,.0f} "
+            f"tokens, top_k={cfg.teacher_cache.top_k} and {hidden_layers} hidden layers of width {hidden_size}), over "
+            f"distill.teacher_cache.max_gb={cfg.teacher_cache.max_gb:g}. Fix: lower top_k, match fewer layers "
+            "(distill.hidden_layer_map, or beta: 0), raise max_gb, or set distill.teacher_cache.enabled: false"
+        )
+    return gb
 
 
 def prepare_run(teacher_dir: Path, cfg: DistillConfig, corpora: list[Path], eval_texts: list[str], work_dir: Path,
-                student_from: Path | None = None, log: LogFn | None = None) -> PreparedRun:
+                student_from: Path | None = None, log: LogFn | None = None, teacher_sha256: str | None = None) -> PreparedRun:
     """Checks that need no training (tokenizers, vocabularies, frozen teacher, memory budget, size ratio), then the
-    models (on the CPU) and the training set (built once, cached by content)."""
+    models (on the CPU), the training set (built once, cached by content) and the teacher-output cache (when enabled;
+    its namespace is keyed by teacher_sha256, the teacher directory's tree hash, computed here when not given)."""
     from transformers import AutoModelForCausalLM
 
     log = log or (lambda step, metrics: None)
@@ -110,8 +138,13 @@ def prepare_run(teacher_dir: Path, cfg: DistillConfig, corpora: list[Path], eval
     if not held_out:
         raise ValueError("no held-out evaluation text of 2+ tokens; check gate.eval_sources")
     run_key = distill_run_key(teacher_dir, student_from, cfg, data_stats["dataset_key"])
+    cache = None
+    if cfg.teacher_cache.enabled:
+        gb = check_cache_budget(cfg, data_stats, len(layer_map or {}), teacher.config.hidden_size)
+        cache = TeacherCache(teacher_cache_root(work_dir), cache_spec(cfg, teacher_sha256 or sha256_tree(teacher_dir)))
+        log(0, {"teacher_cache_sequences_before": len(cache), "teacher_cache_max_new_gb": gb})
     return PreparedRun(tokenizer, teacher, student, layer_map, checks, data, data_stats, held_out, run_key,
-                       checkpoint_root(work_dir, run_key))
+                       checkpoint_root(work_dir, run_key), cache)
 
 
 def finish_run(run: PreparedRun, before: dict[str, float], result: DistillResult, out_dir: Path) -> dict:
@@ -138,6 +171,7 @@ def finish_run(run: PreparedRun, before: dict[str, float], result: DistillResult
         "mean_tokens_per_s": result.tokens_per_s,
         "resumed_from_step": result.resumed_from_step,
         "training_processes": result.processes,
+        **result.teacher_cache,
         **run.checks,
         **{k: v for k, v in run.data_stats.items() if k != "dataset_key"},
         "history": result.history,
@@ -145,14 +179,15 @@ def finish_run(run: PreparedRun, before: dict[str, float], result: DistillResult
 
 
 def run_distill(teacher_dir: Path, cfg: DistillConfig, corpora: list[Path], eval_texts: list[str], out_dir: Path,
-                work_dir: Path, student_from: Path | None = None, log: LogFn | None = None) -> dict:
+                work_dir: Path, student_from: Path | None = None, log: LogFn | None = None,
+                teacher_sha256: str | None = None) -> dict:
     """Checks → training set → train (resumable) → evaluate → save, in this process. Returns metrics; the student
     lands in out_dir. tasks/distill_launch.py:run_distill_distributed is the same over several processes."""
-    run = prepare_run(teacher_dir, cfg, corpora, eval_texts, work_dir, student_from, log)
+    run = prepare_run(teacher_dir, cfg, corpora, eval_texts, work_dir, student_from, log, teacher_sha256)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     run.teacher.to(device)
     run.student.to(device)
     before = compare_to_teacher(run.teacher, run.student, run.held_out)
     result = train(run.teacher, run.student, run.data, cfg, run.tokenizer.pad_token_id, layer_map=run.layer_map,
-                   checkpoint_dir=run.checkpoint_dir, run_label=run.run_key[:12], log=log)
+                   checkpoint_dir=run.checkpoint_dir, run_label=run.run_key[:12], log=log, teacher_cache=run.teacher_cache)
     return finish_run(run, before, result, out_dir)

@@ -23,8 +23,9 @@ from tasks.distill.checkpoints import find_checkpoint, gather_rng, load_checkpoi
 from tasks.distill.checks import check_no_shared_storage, check_teacher_frozen
 from tasks.distill.data import BatchOrder, TokenDataset, collate
 from tasks.distill.student import count_params
+from tasks.distill.teacher_cache import TeacherCache
 from tasks.distill.telemetry import GaugePusher, StallWatchdog
-from tasks.losses import StepSums, hidden_sums, kd_sums, make_projections, rank_share
+from tasks.losses import StepSums, hidden_sums, kd_sums, kd_sums_topk, make_projections, rank_share
 from tasks.progress import LoopProgress
 
 logger = logging.getLogger("edgeflow.distill")
@@ -45,6 +46,7 @@ class DistillResult:
     resumed_from_step: int = 0
     checkpoints_written: list[int] = field(default_factory=list)
     processes: int = 1
+    teacher_cache: dict[str, float] = field(default_factory=dict)
 
 
 def _hidden(outputs, layers: list[int]) -> list[torch.Tensor]:
@@ -203,7 +205,7 @@ class _ZeroEngine:
 
 def train(teacher, student, data: TokenDataset | list[list[int]], cfg: DistillConfig, pad_id: int, *,
           layer_map: dict[int, int] | None = None, checkpoint_dir: Path | None = None, run_label: str = "local",
-          log: LogFn | None = None, zero_config: dict | None = None) -> DistillResult:
+          log: LogFn | None = None, zero_config: dict | None = None, teacher_cache: TeacherCache | None = None) -> DistillResult:
     """Run the distillation loop; `log(step, metrics)` receives each step's kd, ce, hidden_mse, total, lr and tokens_per_s.
 
     Resumes from the newest checkpoint in checkpoint_dir (if any) and writes one every cfg.checkpoint_every steps.
@@ -211,6 +213,10 @@ def train(teacher, student, data: TokenDataset | list[list[int]], cfg: DistillCo
     share of each step's batch, with DistributedDataParallel, or a DeepSpeed ZeRO engine when zero_config (a DeepSpeed
     config dict) is given; the logged terms are the whole step's, and only rank 0 logs, pushes gauges and writes
     checkpoints (a ZeRO engine's shards are written by every process).
+
+    With a `teacher_cache` (tasks/distill/teacher_cache.py) the teacher's outputs come from it, the teacher runs only on
+    the sequences it lacks, and the KD term is the top-k one (kd_sums_topk); every process writes what it computed to
+    the cache at each checkpoint and at the end.
     """
     # setup: refuse what cannot train, then the trained module, its optimizer engine and the batch order
     check_teacher_frozen(teacher)
@@ -266,12 +272,19 @@ def train(teacher, student, data: TokenDataset | list[list[int]], cfg: DistillCo
             input_ids, attn, labels = (x.to(device) for x in collate(batch, pad_id))
             watchdog.check()
             check_teacher_frozen(teacher)  # every step: a callback or hook must not unfreeze it mid-run
-            with torch.no_grad():
-                t_out = teacher(input_ids=input_ids, attention_mask=attn, output_hidden_states=use_hidden, use_cache=False)
+            if teacher_cache is not None:
+                t_idx, t_logp, t_hidden = teacher_cache.outputs(teacher, batch, input_ids, attn, t_layers)
+            else:
+                with torch.no_grad():
+                    t_out = teacher(input_ids=input_ids, attention_mask=attn, output_hidden_states=use_hidden, use_cache=False)
+                t_hidden = _hidden(t_out, t_layers) if use_hidden else []
             logits, s_hidden = engine.module(input_ids, attn, use_hidden)
-            sums = StepSums(*kd_sums(logits, t_out.logits, labels, cfg.temperature))
+            if teacher_cache is not None:
+                sums = StepSums(*kd_sums_topk(logits, t_idx, t_logp, labels, cfg.temperature))
+            else:
+                sums = StepSums(*kd_sums(logits, t_out.logits, labels, cfg.temperature))
             if use_hidden:
-                sums.sse, sums.tsq, _ = hidden_sums(s_hidden, _hidden(t_out, t_layers), attn)
+                sums.sse, sums.tsq, _ = hidden_sums(s_hidden, t_hidden, attn)
             # each process divides its sums by the whole step's token count and teacher norms, so the processes' losses
             # add up to the one-process loss of the whole batch, however padding and lengths fall across them
             divisors = _all_sum(sums.divisors(), world)
@@ -300,6 +313,8 @@ def train(teacher, student, data: TokenDataset | list[list[int]], cfg: DistillCo
             if progress:
                 progress.update(done)
             if checkpoint_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
+                if teacher_cache is not None:
+                    teacher_cache.flush()  # a resumed run finds what this one computed so far
                 rngs = gather_rng(world)
                 engine.save(checkpoint_dir, done, {
                     "rng": rngs[0], "rng_ranks": rngs, "engine": {"format": engine.format, "world_size": world},
@@ -308,7 +323,15 @@ def train(teacher, student, data: TokenDataset | list[list[int]], cfg: DistillCo
                 }, is_main)
                 written.append(done)
                 watchdog.beat()
-    # finish: the trained weights in the caller's student, in eval mode for evaluation and saving
+    # finish: the teacher outputs this run computed saved for the next, the trained weights in the caller's student,
+    # in eval mode for evaluation and saving
+    cache_metrics: dict[str, float] = {}
+    if teacher_cache is not None:
+        teacher_cache.flush()
+        counts = _all_sum(torch.tensor([teacher_cache.stats.hits, teacher_cache.stats.misses, teacher_cache.stats.bytes_written],
+                                       dtype=torch.float64, device=device), world).tolist()
+        cache_metrics = {"teacher_cache_hits": counts[0], "teacher_cache_misses": counts[1], "teacher_cache_bytes_written": counts[2],
+                         "teacher_cache_hit_rate": counts[0] / max(counts[0] + counts[1], 1)}
     engine.finish()
     if cfg.gradient_checkpointing:
         student.gradient_checkpointing_disable()
@@ -323,5 +346,6 @@ def train(teacher, student, data: TokenDataset | list[list[int]], cfg: DistillCo
         resumed_from_step=start,
         checkpoints_written=written,
         processes=world,
+        teacher_cache=cache_metrics,
     )
 
