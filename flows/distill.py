@@ -29,7 +29,7 @@ def train_student(teacher: ArtifactRef, cfg: DistillConfig, corpora: list[Artifa
     """
     from transformers import AutoTokenizer
 
-    from tasks.distill import teacher_cache
+    from tasks.distill import seqkd, teacher_cache
     from tasks.distill.run import cache_spec, teacher_cache_root
     from tasks.distill_launch import distill_runner
     from tasks.evaluation.gate import eval_texts
@@ -50,6 +50,12 @@ def train_student(teacher: ArtifactRef, cfg: DistillConfig, corpora: list[Artifa
         log_training_set(client, run_id, dict(zip(cfg.corpora, corpus_files)))
         if cfg.teacher_cache.enabled:  # what any host computed for this teacher before, fetched and checked by sha256
             client.log_metric(run_id, "teacher_cache_shards_fetched", teacher_cache.pull(client, spec, cache_root))
+        if cfg.sequence_kd.enabled:  # the teacher's answers to the chat prompts: fetched, or generated here once
+            answers, stats = seqkd.shared_answers(client, teacher_path, teacher.sha256, cfg.sequence_kd, corpus_files, cache_root,
+                                                  profile.registry.artifact_location)
+            for k, v in stats.items():
+                client.log_metric(run_id, k, float(v))
+            corpus_files = corpus_files + ([answers] if answers else [])
         metrics = distill_runner(cfg)(  # in this process, or torchrun over distill.processes GPUs
             teacher_path, cfg, corpus_files, held_out_texts, out, profile.work,
             student_from=materialize(student_from) if student_from else None, log=mlflow_step_logger(client, run_id),

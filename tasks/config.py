@@ -52,6 +52,19 @@ class TeacherCacheConfig(_Strict):
     )
 
 
+class SequenceKDConfig(_Strict):
+    """Sequence-level KD (tasks/distill/seqkd.py): the teacher's own answers to the corpora's chat prompts, generated
+    once per (teacher, prompts, settings), stored like the teacher-output cache and added to the training set."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Add the teacher's answers as one more training file. Off by default: generating them costs the teacher "
+        "max_new_tokens decoding steps per chat prompt once (minutes for the demo's 263 prompts on 2 cores).",
+    )
+    max_new_tokens: int = Field(default=96, ge=8, le=2048, description="Longest teacher answer, in tokens.")
+    max_prompts: int | None = Field(default=None, ge=1, description="Answer only the first this many chat prompts (None: all).")
+
+
 class DistillConfig(_Strict):
     """Distillation: how the student is made from the teacher, trained, checkpointed and watched."""
 
@@ -119,6 +132,10 @@ class DistillConfig(_Strict):
     teacher_cache: TeacherCacheConfig = Field(
         default_factory=TeacherCacheConfig,
         description="Teacher outputs stored by content and reused across runs and hosts (teacher forward on cache misses only).",
+    )
+    sequence_kd: SequenceKDConfig = Field(
+        default_factory=SequenceKDConfig,
+        description="Train on the teacher's generated answers to the chat prompts as well (sequence-level KD).",
     )
     # --- processes: how the same training is computed (see training_identity)
     processes: int | None = Field(
