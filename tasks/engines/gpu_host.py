@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 # L4T release (/etc/nv_tegra_release) -> JetPack. TensorRT on Jetson comes with JetPack, so the L4T release names
-# the TensorRT an on-device engine was built with. JetPack 6.x is L4T r36 (Orin); JetPack 7.x is L4T r38
-# (Thor from 7.0; AGX Orin from 7.2). An L4T release missing here leaves `jetpack` None: engines still bind to the
-# L4T release itself.
-JETPACK_BY_L4T = {"36.3.0": "6.0", "36.4.0": "6.1", "36.4.3": "6.2", "38.2.0": "7.0"}
+# the TensorRT an on-device engine was built with. JetPack 6.x is L4T r36 (Orin); 7.0 is r38.2 and 7.1 r38.4 (Thor;
+# developer.nvidia.com/embedded/jetpack/downloads/archive-7.1). AGX Orin joins at JetPack 7.2, whose L4T release is
+# not recorded here (NVIDIA's JetPack page links a Jetson Linux r39.2 guide): an unknown release leaves `jetpack`
+# None, and engines still bind to the L4T release itself.
+JETPACK_BY_L4T = {"36.3.0": "6.0", "36.4.0": "6.1", "36.4.3": "6.2", "38.2.0": "7.0", "38.4.0": "7.1"}
 
 
 def dist_version(*names: str) -> str | None:

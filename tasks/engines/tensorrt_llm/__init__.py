@@ -1,7 +1,14 @@
 """build(Path("ckpt"), Path("eng"), {"build_profile": "orin-agx"}); s = load(Path("eng")); print(list(generate(s, [1, 9690], 8, [2])))
 
 TensorRT-LLM engine backend: TensorRT engines built on the target GPU (Jetson AGX Orin sm87 with the
-`v0.12.0-jetson` branch, or an A100 sm80 with mainline) from edgeflow checkpoints.
+`v0.12.0-jetson` branch, or an A100 sm80 with TensorRT-LLM 1.2.1) from edgeflow checkpoints.
+
+It drives TensorRT-LLM's "tensorrt-engine" API generation (convert_checkpoint.py + trtllm-build + ModelRunnerCpp),
+which exists in TensorRT-LLM >=0.12.0,<1.3.0rc21: v1.3.0rc20 was the last release with the TensorRT backend, and
+1.2.1 the last stable one. Build profiles and engine.json name it (`api`); a profile pinned at or past 1.3.0rc21
+is refused when it loads, and `check_compatible` names the API generation of the engine and of the device (an
+engine.json without `api`, from older builds, reads as this legacy flow). TensorRT-LLM 1.3.0rc21 and later load
+checkpoints through the PyTorch backend / LLM API without an engine: on such hosts use the vllm backend.
 
 What it does, per interface function (see `tasks/engines/__init__.py`):
 
@@ -22,7 +29,7 @@ What it does, per interface function (see `tasks/engines/__init__.py`):
   - W8A16 (int8 weights, per channel): profile `int8_weight_only_precision` "int8" (TensorRT-LLM
     re-derives per-channel scales from the exactly dequantized weights: close, not bit-exact, and
     engine.json says `exact: false`) or "int8_gptq" (exact: group-wise int8 with the channel scale
-    repeated over 64-wide groups; needs a TensorRT-LLM with W8A16_GPTQ, i.e. mainline).
+    repeated over 64-wide groups; needs a TensorRT-LLM with W8A16_GPTQ: the a100 profile's 1.2.1).
   - Dense checkpoints (the FP reference row) are converted in the profile dtype (float16).
   - Activation/KV-cache quantization, sparsity, transforms, act-order g_idx, a mixed W8/W4 recipe
     (one converter precision per engine) raise ValueError naming the field, before any work.
@@ -53,22 +60,29 @@ from tasks.engines.tensorrt_llm.device import (
     check_compatible,
     compare,
     device_fingerprint,
+    engine_api,
     parse_nv_tegra_release,
 )
 from tasks.engines.tensorrt_llm.engine import build, engine_meta
 from tasks.engines.tensorrt_llm.plan import (
+    API_GENERATIONS,
     BACKEND,
+    BACKEND_API,
     DEFAULT_PROFILE,
     SCORE_SUBDIR,
+    ApiGeneration,
     BuildProfile,
     Profile,
+    api_generation_of,
     available_build_profiles,
+    check_api_version,
     check_converted_quantization,
     check_engine_config,
     load_build_profile,
     plan_build,
     quantization_plan,
     resolve_profile,
+    version_order,
     weight_scheme,
 )
 from tasks.engines.tensorrt_llm.runtime import (
@@ -91,7 +105,10 @@ __all__ = [
     "plan",
     "runtime",
     "staging",
+    "API_GENERATIONS",
+    "ApiGeneration",
     "BACKEND",
+    "BACKEND_API",
     "BuildProfile",
     "DEFAULT_PROFILE",
     "DEVICE_KEY_FIELDS",
@@ -99,10 +116,12 @@ __all__ = [
     "SAMPLING_SUPPORT",
     "SCORE_SUBDIR",
     "TrtLlmSession",
+    "api_generation_of",
     "available_build_profiles",
     "build",
     "build_identity",
     "cache_key",
+    "check_api_version",
     "check_build_environment",
     "check_compatible",
     "check_converted_quantization",
@@ -111,6 +130,7 @@ __all__ = [
     "device_fingerprint",
     "device_memory_used",
     "device_utilization",
+    "engine_api",
     "engine_meta",
     "generate",
     "legacy_hf_config",
@@ -125,5 +145,6 @@ __all__ = [
     "score",
     "special_token_ids",
     "stage_checkpoint",
+    "version_order",
     "weight_scheme",
 ]

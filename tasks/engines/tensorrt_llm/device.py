@@ -6,6 +6,11 @@ A TensorRT engine holds kernels for the GPU architecture (sm80 A100, sm87 Orin) 
 TensorRT-LLM versions that built it: `compare` refuses any other device naming both sides, the build
 stage's cache key (`build_identity`, `cache_key`) keeps engines of different devices apart, and
 `check_build_environment` refuses to build anywhere but on the profile's target.
+
+Both sides also carry a TensorRT-LLM API generation (plan.API_GENERATIONS): the engine's is engine.json's
+`api` ("tensorrt-engine"; an engine.json without it, from builds before the field, reads as that legacy
+flow), the device's is what its installed TensorRT-LLM offers ("pytorch-llm-api" from 1.3.0rc21 on, which
+has no TensorRT engine runtime at all). Every refusal names both.
 """
 from __future__ import annotations
 
@@ -15,7 +20,13 @@ from typing import Any
 from tasks.artifacts import sha256_json
 from tasks.engines import EngineIncompatibleError, engine_dir as edir
 from tasks.engines.gpu_host import JETPACK_BY_L4T, dist_version, gpu_fingerprint, mmp, parse_nv_tegra_release  # noqa: F401 (re-exported)
-from tasks.engines.tensorrt_llm.plan import BACKEND, TRTLLM_SRC_ENV
+from tasks.engines.tensorrt_llm.plan import (
+    API_GENERATIONS,
+    BACKEND,
+    BACKEND_API,
+    TRTLLM_SRC_ENV,
+    api_generation_of,
+)
 
 
 def device_fingerprint() -> dict[str, Any]:
@@ -26,15 +37,35 @@ def device_fingerprint() -> dict[str, Any]:
 _mmp = mmp
 
 
+def engine_api(engine_meta: dict[str, Any]) -> tuple[str, bool]:
+    """(API generation of the engine, whether it was implied): engine.json's `api`, else the legacy flow."""
+    api = engine_meta.get("api")
+    return (api, False) if api else (BACKEND_API, True)
+
+
+def _api_label(api: str | None, implied: bool = False) -> str:
+    if api is None:
+        return "API none"
+    return f"API {api}" + (", implied: engine.json predates its api field" if implied else "")
+
+
 def compare(engine_meta: dict[str, Any], device: dict[str, Any]) -> None:
-    """Raise EngineIncompatibleError naming both sides if `device` cannot run the engine described by engine_meta."""
+    """Raise EngineIncompatibleError naming both sides (SM, TensorRT-LLM version and API generation) if `device`
+    cannot run the engine described by engine_meta."""
     backend = engine_meta.get("backend")
     if backend != BACKEND:
         raise EngineIncompatibleError(
             f"engine backend is {backend!r}; this backend runs {BACKEND!r} engines (load it with the {backend!r} backend)"
         )
     e_sm, e_llm, e_trt = engine_meta.get("sm"), engine_meta.get("tensorrt_llm"), engine_meta.get("tensorrt")
-    built = f"engine built for {e_sm} with TensorRT-LLM {e_llm}"
+    e_api, implied = engine_api(engine_meta)
+    built = f"engine built for {e_sm} with TensorRT-LLM {e_llm} ({_api_label(e_api, implied)})"
+    if e_api != BACKEND_API:
+        raise EngineIncompatibleError(
+            f"{built}: this backend runs {BACKEND_API!r} engines (API generations: "
+            f"{ {k: g.range() for k, g in API_GENERATIONS.items()} }). Fix: load it with the backend that built it, "
+            "or rebuild with this backend"
+        )
     fix = f"Fix: rebuild the engine on this device (build() with a build profile whose target is {device.get('sm')})"
     if not device.get("cuda_available") or not device.get("sm"):
         raise EngineIncompatibleError(
@@ -42,19 +73,27 @@ def compare(engine_meta: dict[str, Any], device: dict[str, Any]) -> None:
             f"Fix: run it on an {e_sm} device with TensorRT-LLM {e_llm}, or serve the cpu backend here"
         )
     d_sm, d_llm, d_trt = device["sm"], device.get("tensorrt_llm"), device.get("tensorrt")
+    d_api = api_generation_of(d_llm)
+    here = f"this device is {d_sm} with {d_llm or 'no TensorRT-LLM'} ({_api_label(d_api)})"
     if d_sm != e_sm:
         raise EngineIncompatibleError(
-            f"{built}; this device is {d_sm} with {d_llm or 'no TensorRT-LLM'}: a TensorRT engine holds kernels for "
-            f"the GPU architecture that built it. {fix}"
+            f"{built}; {here}: a TensorRT engine holds kernels for the GPU architecture that built it. {fix}"
         )
     if d_llm is None:
         raise EngineIncompatibleError(
             f"{built}; this device is {d_sm} with no TensorRT-LLM installed (tensorrt_llm not importable). "
             f"Fix: install TensorRT-LLM {e_llm} here"
         )
+    if d_api is not None and d_api != e_api:  # an unparseable version fails the exact-version check below
+        gen = API_GENERATIONS[e_api]
+        raise EngineIncompatibleError(
+            f"{built}; {here}: TensorRT-LLM removed the {e_api!r} flow (TensorRT engines, ModelRunnerCpp) in "
+            f"{gen.removed_in}, so this TensorRT-LLM cannot load the engine at all. Fix: install TensorRT-LLM {e_llm} "
+            "here, or serve the checkpoint with the vllm backend"
+        )
     if _mmp(d_llm) != _mmp(e_llm) or _mmp(e_llm) is None:
         raise EngineIncompatibleError(
-            f"{built}; this device is {d_sm} with {d_llm}: TensorRT-LLM versions must match exactly (major.minor.patch), "
+            f"{built}; {here}: TensorRT-LLM versions must match exactly (major.minor.patch), "
             f"engine plans and plugins are not portable across versions. {fix}, or install TensorRT-LLM {e_llm}"
         )
     if d_trt is None:
@@ -125,6 +164,14 @@ def check_build_environment(plan: dict[str, Any], device: dict[str, Any]) -> Non
             f"build profile {name!r} targets {target} with TensorRT-LLM {want}; this device is {device['sm']} with {have}: "
             "an engine built here would only run on this architecture. Fix: build on the target device, or pick the "
             f"profile for {device['sm']}"
+        )
+    have_api = api_generation_of(have)
+    if have_api is not None and have_api != bp.get("api", BACKEND_API):
+        gen = API_GENERATIONS[bp.get("api", BACKEND_API)]
+        raise EngineIncompatibleError(
+            f"build profile {name!r} drives API {gen.name} (TensorRT-LLM {gen.range()}, pinned {want}); this device has "
+            f"TensorRT-LLM {have} (API {have_api}): {gen.removed_in} removed convert_checkpoint.py, trtllm-build and "
+            f"ModelRunnerCpp. Fix: install TensorRT-LLM {want}, or serve the checkpoint with the vllm backend"
         )
     if _mmp(have) is None or _mmp(have)[:2] != _mmp(want)[:2]:
         raise EngineIncompatibleError(

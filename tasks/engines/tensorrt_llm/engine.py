@@ -14,7 +14,14 @@ from tasks.artifacts import sha256_tree
 from tasks.engines import engine_dir as edir
 from tasks.engines.checkpoint import copy_tokenizer_files
 from tasks.engines.tensorrt_llm import device as dev
-from tasks.engines.tensorrt_llm.plan import BACKEND, SCORE_SUBDIR, check_converted_quantization, check_engine_config, plan_build
+from tasks.engines.tensorrt_llm.plan import (
+    API_GENERATIONS,
+    BACKEND,
+    SCORE_SUBDIR,
+    check_converted_quantization,
+    check_engine_config,
+    plan_build,
+)
 from tasks.engines.tensorrt_llm.runtime import SAMPLING_SUPPORT, special_token_ids
 from tasks.engines.tensorrt_llm.staging import stage_checkpoint
 
@@ -84,9 +91,13 @@ def engine_meta(
     """engine.json contents: what was built, how (every flag), on what, from which checkpoint."""
     quant = plan["quantization"]
     precision = _PRECISION.get(quant["weight_only_precision"], plan["build_profile"]["dtype"])
+    api = API_GENERATIONS[plan["build_profile"]["api"]]
     return edir.EngineMeta(**{
         "backend": BACKEND,
         "format": f"tensorrt engine (TensorRT-LLM {device.get('tensorrt_llm')}, TensorRT {device.get('tensorrt')})",
+        # the TensorRT-LLM API generation that built it and can run it (compared by check_compatible)
+        "api": api.name,
+        "api_tensorrt_llm_range": api.range(),
         "precision": precision,  # what the layers compute with (the report's engine column)
         "build_identity": dev.build_identity_of(device),
         # versions and device the engine is bound to (compared by check_compatible)

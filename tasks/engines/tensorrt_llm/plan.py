@@ -5,11 +5,16 @@
 Build profiles (deployments/engine-profiles/*.yaml, overridable per release), which converter precision a
 checkpoint gets and why, the exact convert_checkpoint.py / trtllm-build command lines, and the checks of
 what the converter and the builder wrote against what was asked for.
+
+Every profile names the TensorRT-LLM API generation it drives (`api`, see API_GENERATIONS): this backend
+drives "tensorrt-engine" (convert_checkpoint.py + trtllm-build + ModelRunnerCpp), which TensorRT-LLM
+removed in 1.3.0rc21; a profile pinned at or past that release is refused when it loads.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -61,12 +66,122 @@ _EXPECTED_QUANT_ALGO = {None: None, "int4_gptq": "W4A16_GPTQ", "int8": "W8A16", 
 _TRT_GROUP_SIZES = (64, 128)
 
 
+class ApiGeneration(BaseModel):
+    """One generation of TensorRT-LLM's build/run API and the TensorRT-LLM versions that have it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Name recorded in build profiles and engine.json, e.g. 'tensorrt-engine'.")
+    what: str = Field(description="The flow: what is built from the checkpoint and what runs it.")
+    since: str = Field(description="First TensorRT-LLM version this backend accepts for it (inclusive).")
+    removed_in: str | None = Field(description="First TensorRT-LLM version without it (exclusive bound); None: still shipped.")
+    last_release: str | None = Field(description="Last stable TensorRT-LLM release that has it (None: still shipped).")
+    source: str = Field(description="Where the bounds were read.")
+
+    def range(self) -> str:
+        """The version range as a specifier, e.g. '>=0.12.0,<1.3.0rc21'."""
+        return f">={self.since}" + (f",<{self.removed_in}" if self.removed_in else "")
+
+
+TENSORRT_ENGINE = "tensorrt-engine"
+PYTORCH_LLM_API = "pytorch-llm-api"
+
+API_GENERATIONS: dict[str, ApiGeneration] = {
+    TENSORRT_ENGINE: ApiGeneration(
+        name=TENSORRT_ENGINE,
+        what="convert_checkpoint.py -> TensorRT-LLM checkpoint -> trtllm-build -> TensorRT engine, run by "
+             "ModelRunnerCpp (C++ executor); engines bound to the SM and the TensorRT(-LLM) versions that built them",
+        # 0.12: the oldest branch a profile uses (v0.12.0-jetson); 0.12 removed trtllm-build's --max_output_len
+        # (0.12.0 release notes, NVIDIA/TensorRT-LLM PR #2164), and build_command() bounds lengths with
+        # --max_seq_len alone.
+        since="0.12.0",
+        # v1.3.0rc20 (2026-06-30) release notes: "This RC version will be the last one supporting the TensorRT
+        # backend, in the next version the TensorRT backend will be removed!" Removal on main: examples
+        # (PR #15763), docs + migration guide "tensorrt-backend-removal" (PR #15767), tensorrt_llm/commands/
+        # build.py and the runtime's ModelRunnerCpp (PR #15918), C++ executor (PR #16369). PyPI metadata agrees:
+        # 1.3.0rc15 requires tensorrt~=10.15.1, 1.3.0rc22 requires no tensorrt at all.
+        removed_in="1.3.0rc21",
+        # 1.2.1 (PyPI, 2026-04-20; requires tensorrt~=10.14.1) is the last stable release; Triton's
+        # tensorrtllm_backend pinned release/1.2.1 and documents examples/models/core/llama/convert_checkpoint.py
+        # + trtllm-build --kv_cache_type paged against it (commit 98bfe1d, docs/llama.md).
+        last_release="1.2.1",
+        source="NVIDIA/TensorRT-LLM release v1.3.0rc20; PRs #15763 #15767 #15918 #16369; PyPI tensorrt-llm metadata",
+    ),
+    PYTORCH_LLM_API: ApiGeneration(
+        name=PYTORCH_LLM_API,
+        what="LLM API / trtllm-serve on the PyTorch backend: Hugging Face or ModelOpt checkpoints loaded "
+             "directly, no convert or engine-build step; cannot load TensorRT engines",
+        since="1.3.0rc21",  # the sole backend from the removal on (migration guide "tensorrt-backend-removal")
+        removed_in=None,
+        last_release=None,
+        source="docs/source/legacy/tensorrt-backend-removal.md (NVIDIA/TensorRT-LLM PR #15767)",
+    ),
+}
+
+# The generation this backend builds and runs; an engine.json without `api` (built before the field existed)
+# was built by it.
+BACKEND_API = TENSORRT_ENGINE
+
+_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.?(a|b|rc)\.?(\d+))?")
+_PHASE = {"a": 0, "b": 1, "rc": 2}
+
+
+def version_order(version: str | None) -> tuple[tuple[int, int, int], tuple[int, int]] | None:
+    """'1.3.0rc21' -> ((1, 3, 0), (2, 21)): release and pre-release in PEP 440 order; a final release sorts after
+    its pre-releases ('1.3.0' -> ((1, 3, 0), (3, 0))). .post/.dev/+local suffixes are ignored, so a dev or post
+    build counts as the release it is numbered after. None when the string has no major.minor.patch."""
+    m = _VERSION.match(str(version or "").strip())
+    if m is None:
+        return None
+    major, minor, patch, phase, n = m.groups()
+    pre = (_PHASE[phase], int(n)) if phase else (3, 0)
+    return (int(major), int(minor), int(patch)), pre
+
+
+def api_generation_of(version: str | None) -> str | None:
+    """The API generation an installed TensorRT-LLM version offers: 'tensorrt-engine' before 1.3.0rc21,
+    'pytorch-llm-api' from it on, None for no version or an unparseable one."""
+    order = version_order(version)
+    if order is None:
+        return None
+    removed = version_order(API_GENERATIONS[TENSORRT_ENGINE].removed_in)
+    return TENSORRT_ENGINE if order < removed else PYTORCH_LLM_API
+
+
+def check_api_version(api: str, version: str, where: str = "tensorrt_llm_version") -> None:
+    """ValueError unless TensorRT-LLM `version` has API generation `api` (naming the field, the version, the range
+    and the fix)."""
+    gen = API_GENERATIONS[api]
+    order = version_order(version)
+    if order is None:
+        raise ValueError(f"{where}={version!r} is not a TensorRT-LLM version (major.minor.patch[rcN]); "
+                         f"api {api!r} needs TensorRT-LLM {gen.range()}")
+    if order[0] < version_order(gen.since)[0]:
+        raise ValueError(
+            f"{where}={version!r} is older than this backend's api {api!r} supports ({gen.range()}): its "
+            f"trtllm-build flags differ (the command lines here follow 0.12, which removed --max_output_len). Fix: pin "
+            f"TensorRT-LLM {gen.since} or later"
+        )
+    if gen.removed_in is not None and order >= version_order(gen.removed_in):
+        raise ValueError(
+            f"{where}={version!r} with api {api!r}: TensorRT-LLM removed the TensorRT engine flow "
+            f"(convert_checkpoint.py, trtllm-build, ModelRunnerCpp) in {gen.removed_in}; api {api!r} exists in "
+            f"TensorRT-LLM {gen.range()}. Fix: pin an earlier release ({gen.last_release} is the last stable one "
+            f"with it) or serve the checkpoint with the vllm backend"
+        )
+
+
 class BuildProfile(BaseModel):
     """One TensorRT-LLM build + runtime configuration (deployments/engine-profiles/<name>.yaml)."""
 
     model_config = ConfigDict(extra="forbid")
 
     description: str = Field(description="What the profile is for, in one line.")
+    api: str = Field(
+        default=BACKEND_API,
+        description="TensorRT-LLM API generation the profile drives; this backend implements 'tensorrt-engine' "
+        "(convert_checkpoint.py + trtllm-build + ModelRunnerCpp, TensorRT-LLM >=0.12.0,<1.3.0rc21).",
+    )
     target: str = Field(pattern=r"^sm\d{2,3}$", description="GPU architecture the engine is built for and runs on, e.g. sm87.")
     tensorrt_llm_branch: str = Field(description="TensorRT-LLM branch/tag whose flags this profile uses.")
     tensorrt_llm_version: str = Field(description="TensorRT-LLM version of that branch; the build host must match major.minor.")
@@ -102,6 +217,15 @@ class BuildProfile(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> BuildProfile:
+        if self.api != BACKEND_API:
+            known = {k: g.range() for k, g in API_GENERATIONS.items()}
+            raise ValueError(
+                f"api={self.api!r}: this backend builds and runs {BACKEND_API!r} engines (API generations: {known}); "
+                "TensorRT-LLM's PyTorch/LLM API path loads checkpoints without an engine build and is not driven "
+                f"here. Fix: set api {BACKEND_API!r} with a TensorRT-LLM {API_GENERATIONS[BACKEND_API].range()}, "
+                "or serve the checkpoint with the vllm backend"
+            )
+        check_api_version(self.api, self.tensorrt_llm_version)
         if self.max_seq_len <= self.max_input_len:
             raise ValueError(
                 f"max_seq_len={self.max_seq_len} must exceed max_input_len={self.max_input_len} (room to generate)"
@@ -178,8 +302,14 @@ class Profile(_Options):
 
 
 def available_build_profiles() -> list[str]:
-    """Names of the YAML build profiles under deployments/engine-profiles/."""
-    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+    """Names of the YAML build profiles under deployments/engine-profiles/ that are TensorRT-LLM profiles (they
+    have a tensorrt_llm_version key; the directory also holds other backends' profiles)."""
+    out = []
+    for p in sorted(PROFILES_DIR.glob("*.yaml")):
+        data = yaml.safe_load(p.read_text()) or {}
+        if isinstance(data, dict) and "tensorrt_llm_version" in data:
+            out.append(p.stem)
+    return out
 
 
 def load_build_profile(name: str) -> dict[str, Any]:

@@ -245,6 +245,81 @@ def test_bad_profiles_raise_naming_the_key(ckpts, tmp_path, profile, pattern):
         trt.plan_build(ckpts["gptq"], profile, tmp_path / "eng")
 
 
+# ---------------------------------------------------------------------------------------------
+# API generation: the TensorRT engine flow exists in TensorRT-LLM >=0.12.0,<1.3.0rc21
+# ---------------------------------------------------------------------------------------------
+
+
+def test_api_generations_bounds():
+    """v1.3.0rc20 was the last release with the TensorRT backend; 1.2.1 the last stable one (see plan.API_GENERATIONS)."""
+    gen = trt.API_GENERATIONS["tensorrt-engine"]
+    assert (gen.since, gen.removed_in, gen.last_release, gen.range()) == ("0.12.0", "1.3.0rc21", "1.2.1", ">=0.12.0,<1.3.0rc21")
+    assert trt.API_GENERATIONS["pytorch-llm-api"].since == gen.removed_in and trt.BACKEND_API == "tensorrt-engine"
+    for version in ("0.12.0", "0.12.0.dev2024", "0.21.0", "1.2.1", "1.3.0rc15", "1.3.0rc20", "1.3.0rc20.post1"):
+        assert trt.api_generation_of(version) == "tensorrt-engine", version
+    for version in ("1.3.0rc21", "1.3.0rc22", "1.3.0rc22.post1", "1.3.0", "1.4.0rc1", "2.0.0"):
+        assert trt.api_generation_of(version) == "pytorch-llm-api", version
+    assert trt.api_generation_of(None) is None and trt.api_generation_of("jetson") is None
+
+
+def test_version_order_matches_pep440():
+    """The pre-release ordering the removal bound depends on (1.3.0rc20 < 1.3.0rc21 < 1.3.0), checked against packaging."""
+    version = pytest.importorskip("packaging.version")
+    versions = ["0.12.0", "0.13.0", "1.0.0rc4", "1.0.0", "1.2.0rc8", "1.2.0", "1.2.1", "1.3.0a1", "1.3.0b2", "1.3.0rc2",
+                "1.3.0rc15", "1.3.0rc20", "1.3.0rc21", "1.3.0", "1.4.0rc1", "10.0.0"]
+    assert sorted(versions, key=trt.version_order) == sorted(versions, key=version.Version)
+    assert trt.version_order("1.3.0rc20.post1") == trt.version_order("1.3.0rc20")  # .post/.dev count as their release
+    assert trt.version_order("nightly") is None
+
+
+def test_profiles_pin_the_tensorrt_engine_api(ckpts, tmp_path):
+    for name in ("orin-agx", "a100"):
+        plan = trt.plan_build(ckpts["gptq"], {"build_profile": name}, tmp_path / "eng")
+        bp = plan["build_profile"]
+        assert bp["api"] == "tensorrt-engine" and trt.api_generation_of(bp["tensorrt_llm_version"]) == "tensorrt-engine"
+    # the A100 stays on the last stable release that still builds engines; Orin on the Jetson branch
+    assert trt.load_build_profile("a100")["tensorrt_llm_version"] == trt.API_GENERATIONS["tensorrt-engine"].last_release
+    assert trt.load_build_profile("a100")["api"] == trt.load_build_profile("orin-agx")["api"] == "tensorrt-engine"
+    # the last pre-release with the flow still plans
+    rc20 = trt.plan_build(ckpts["gptq"], {"build_profile": "a100", "tensorrt_llm_version": "1.3.0rc20"}, tmp_path / "eng")
+    assert rc20["build_profile"]["tensorrt_llm_version"] == "1.3.0rc20"
+
+
+@pytest.mark.parametrize("version", ["1.3.0rc21", "1.3.0rc22", "1.3.0", "1.4.0rc1", "2.0.0"])
+def test_profile_past_the_removal_is_refused(ckpts, tmp_path, version):
+    pattern = (rf"build profile 'a100' .*tensorrt_llm_version='{version}' with api 'tensorrt-engine': TensorRT-LLM removed the "
+               r"TensorRT engine flow \(convert_checkpoint\.py, trtllm-build, ModelRunnerCpp\) in 1\.3\.0rc21; api 'tensorrt-engine' "
+               r"exists in TensorRT-LLM >=0\.12\.0,<1\.3\.0rc21\. Fix: pin an earlier release \(1\.2\.1 is the last stable one with "
+               r"it\) or serve the checkpoint with the vllm backend")
+    with pytest.raises(ValueError, match=pattern):
+        trt.plan_build(ckpts["gptq"], {"build_profile": "a100", "tensorrt_llm_version": version}, tmp_path / "eng")
+    with pytest.raises(ValueError, match=r"with api 'tensorrt-engine': TensorRT-LLM removed"):  # when the edgeflow profile loads
+        trt.Profile(build_profile="a100", tensorrt_llm_version=version)
+
+
+@pytest.mark.parametrize("override,pattern", [
+    ({"tensorrt_llm_version": "0.11.0"}, r"tensorrt_llm_version='0\.11\.0' is older than this backend's api 'tensorrt-engine' "
+                                         r"supports \(>=0\.12\.0,<1\.3\.0rc21\).*Fix: pin TensorRT-LLM 0\.12\.0 or later"),
+    ({"tensorrt_llm_version": "main"}, r"tensorrt_llm_version='main' is not a TensorRT-LLM version"),
+    ({"api": "pytorch-llm-api"}, r"api='pytorch-llm-api': this backend builds and runs 'tensorrt-engine' engines.*Fix: .*serve the "
+                                 r"checkpoint with the vllm backend"),
+])
+def test_profile_api_and_version_are_checked(ckpts, tmp_path, override, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        trt.plan_build(ckpts["gptq"], override, tmp_path / "eng")
+
+
+def test_only_tensorrt_llm_profiles_are_offered(tmp_path, monkeypatch):
+    """deployments/engine-profiles/ also holds other backends' profiles (e.g. edge_llm's): only files with a
+    tensorrt_llm_version are this backend's."""
+    (tmp_path / "a100.yaml").write_text((trt.plan.PROFILES_DIR / "a100.yaml").read_text())
+    (tmp_path / "orin-jp7.yaml").write_text('description: "another backend"\nedge_llm_version: "0.10.0"\n')
+    monkeypatch.setattr(trt.plan, "PROFILES_DIR", tmp_path)
+    assert trt.available_build_profiles() == ["a100"]
+    with pytest.raises(ValueError, match=r"build_profile='orin-jp7' is unknown; choose one of \['a100'\]"):
+        trt.load_build_profile("orin-jp7")
+
+
 def _group(weights: dict, **extra) -> dict:
     return {"targets": ["Linear"], "weights": weights, "input_activations": None, "output_activations": None,
             "format": "pack-quantized", **extra}
@@ -294,32 +369,74 @@ CPU = {"cuda_available": False, "sm": None, "device_name": None, "driver_version
        "tensorrt": None, "tensorrt_llm": None, "l4t_release": None, "jetpack": None, "reason": "no nvidia-smi answer and no torch to query CUDA"}
 
 
-def _meta(device: dict) -> dict:
+def _meta(device: dict, **extra) -> dict:
+    """engine.json as a build on `device` writes it (with its API generation)."""
     return {"backend": "tensorrt_llm", "sm": device["sm"], "tensorrt_llm": device["tensorrt_llm"], "tensorrt": device["tensorrt"],
-            "precision": "int4", "checkpoint_sha256": "0" * 64, "files": ["config.json"]}
+            "api": "tensorrt-engine", "precision": "int4", "checkpoint_sha256": "0" * 64, "files": ["config.json"], **extra}
+
+
+def _legacy_meta(device: dict) -> dict:
+    """engine.json of a build from before the `api` field."""
+    return {k: v for k, v in _meta(device).items() if k != "api"}
 
 
 def test_compare_sm80_engine_on_sm87_device():
     with pytest.raises(EngineIncompatibleError) as e:
         trt.compare(_meta(A100), ORIN)
-    assert "engine built for sm80 with TensorRT-LLM 1.2.1; this device is sm87 with 0.12.0" in str(e.value)
+    assert ("engine built for sm80 with TensorRT-LLM 1.2.1 (API tensorrt-engine); "
+            "this device is sm87 with 0.12.0 (API tensorrt-engine)") in str(e.value)
     assert "rebuild the engine on this device" in str(e.value)
 
 
 @pytest.mark.parametrize("meta,device,pattern", [
     (_meta(ORIN), {**ORIN, "tensorrt_llm": "0.13.0"},
-     r"engine built for sm87 with TensorRT-LLM 0\.12\.0; this device is sm87 with 0\.13\.0: TensorRT-LLM versions must match exactly"),
-    (_meta(ORIN), {**ORIN, "tensorrt_llm": "0.12.1"}, r"this device is sm87 with 0\.12\.1: TensorRT-LLM versions must match exactly"),
+     r"engine built for sm87 with TensorRT-LLM 0\.12\.0 \(API tensorrt-engine\); this device is sm87 with 0\.13\.0 "
+     r"\(API tensorrt-engine\): TensorRT-LLM versions must match exactly"),
+    (_meta(ORIN), {**ORIN, "tensorrt_llm": "0.12.1"},
+     r"this device is sm87 with 0\.12\.1 \(API tensorrt-engine\): TensorRT-LLM versions must match exactly"),
     (_meta(ORIN), {**ORIN, "tensorrt": "10.4.0.26"},
-     r"engine built for sm87 with TensorRT-LLM 0\.12\.0 and TensorRT 10\.3\.0\.30; this device \(sm87\) has TensorRT 10\.4\.0\.26"),
+     r"engine built for sm87 with TensorRT-LLM 0\.12\.0 \(API tensorrt-engine\) and TensorRT 10\.3\.0\.30; "
+     r"this device \(sm87\) has TensorRT 10\.4\.0\.26"),
     (_meta(ORIN), {**ORIN, "tensorrt": None}, r"has no TensorRT Python bindings"),
     (_meta(ORIN), {**ORIN, "tensorrt_llm": None}, r"this device is sm87 with no TensorRT-LLM installed"),
-    (_meta(ORIN), CPU, r"engine built for sm87 with TensorRT-LLM 0\.12\.0; this device has no CUDA GPU \(no nvidia-smi answer"),
+    (_meta(ORIN), CPU,
+     r"engine built for sm87 with TensorRT-LLM 0\.12\.0 \(API tensorrt-engine\); this device has no CUDA GPU \(no nvidia-smi answer"),
     ({**_meta(ORIN), "backend": "cpu"}, ORIN, r"engine backend is 'cpu'; this backend runs 'tensorrt_llm' engines"),
 ])
 def test_compare_each_mismatch_has_its_own_message(meta, device, pattern):
     with pytest.raises(EngineIncompatibleError, match=pattern):
         trt.compare(meta, device)
+
+
+def test_compare_names_the_api_generation_on_both_sides():
+    """A host whose TensorRT-LLM is past the removal cannot load any TensorRT engine: both generations are named."""
+    rc22 = {**A100, "tensorrt_llm": "1.3.0rc22"}
+    with pytest.raises(EngineIncompatibleError, match=(
+            r"engine built for sm80 with TensorRT-LLM 1\.2\.1 \(API tensorrt-engine\); this device is sm80 with 1\.3\.0rc22 "
+            r"\(API pytorch-llm-api\): TensorRT-LLM removed the 'tensorrt-engine' flow \(TensorRT engines, ModelRunnerCpp\) in "
+            r"1\.3\.0rc21, so this TensorRT-LLM cannot load the engine at all\. Fix: install TensorRT-LLM 1\.2\.1 here, or serve "
+            r"the checkpoint with the vllm backend")):
+        trt.compare(_meta(A100), rc22)
+    # the architecture is still checked first
+    with pytest.raises(EngineIncompatibleError, match=r"this device is sm87 with 1\.3\.0rc22 \(API pytorch-llm-api\): a TensorRT engine"):
+        trt.compare(_meta(A100), {**ORIN, "tensorrt_llm": "1.3.0rc22"})
+    # an engine.json with another generation is not this backend's to run
+    with pytest.raises(EngineIncompatibleError, match=r"\(API pytorch-llm-api\): this backend runs 'tensorrt-engine' engines"):
+        trt.compare(_meta(A100, api="pytorch-llm-api"), A100)
+
+
+def test_engine_json_without_api_reads_as_the_legacy_flow(tmp_path, monkeypatch):
+    edir.write_meta(tmp_path, _legacy_meta(A100))
+    (tmp_path / "config.json").write_text("{}")
+    assert trt.engine_api(_legacy_meta(A100)) == ("tensorrt-engine", True)
+    assert trt.engine_api(_meta(A100)) == ("tensorrt-engine", False)
+    monkeypatch.setattr(trt.device, "device_fingerprint", lambda: dict(A100))
+    trt.check_compatible(tmp_path)  # same device and versions: loads as before
+    monkeypatch.setattr(trt.device, "device_fingerprint", lambda: {**A100, "tensorrt_llm": "1.4.0rc1"})
+    with pytest.raises(EngineIncompatibleError, match=(
+            r"engine built for sm80 with TensorRT-LLM 1\.2\.1 \(API tensorrt-engine, implied: engine\.json predates its api "
+            r"field\); this device is sm80 with 1\.4\.0rc1 \(API pytorch-llm-api\): TensorRT-LLM removed")):
+        trt.check_compatible(tmp_path)
 
 
 def test_compare_accepts_same_device_and_build_suffixes():
@@ -351,7 +468,8 @@ def test_check_compatible_uses_device_fingerprint(tmp_path, monkeypatch):
     edir.write_meta(tmp_path, {**_meta(A100), "files": ["config.json"]})
     (tmp_path / "config.json").write_text("{}")
     monkeypatch.setattr(trt.device, "device_fingerprint", lambda: dict(ORIN))
-    with pytest.raises(EngineIncompatibleError, match="engine built for sm80 with TensorRT-LLM 1.2.1; this device is sm87 with 0.12.0"):
+    with pytest.raises(EngineIncompatibleError, match=r"engine built for sm80 with TensorRT-LLM 1\.2\.1 \(API tensorrt-engine\); "
+                       r"this device is sm87 with 0\.12\.0 \(API tensorrt-engine\)"):
         trt.check_compatible(tmp_path)
     monkeypatch.setattr(trt.device, "device_fingerprint", lambda: dict(A100))
     trt.check_compatible(tmp_path)
@@ -379,6 +497,9 @@ def test_engine_json_round_trip(ckpts, tmp_path):
     assert back["checkpoint_sha256"] == sha and back["cache_key"] == trt.cache_key(sha, plan["build_profile"], ORIN)
     assert back["engine_quantization"] == {"quant_algo": "W4A16_GPTQ", "group_size": 64}
     assert back["score_engine"] == "score" and (back["end_id"], back["pad_id"]) == (2, 2)
+    # the API generation that built it, and the TensorRT-LLM versions that have it
+    assert (back["api"], back["api_tensorrt_llm_range"]) == ("tensorrt-engine", ">=0.12.0,<1.3.0rc21")
+    assert back["build_profile"]["api"] == "tensorrt-engine"
 
 
 def test_cache_key():
@@ -428,9 +549,18 @@ def test_build_refuses_on_this_cpu_machine_before_running(ckpts, tmp_path, monke
     ("orin-agx", {**ORIN, "cuda_available": False, "sm": None, "reason": "torch.cuda.is_available() is False"},
      EngineIncompatibleError, r"targets sm87; this host has no CUDA GPU"),
     ("orin-agx", ORIN, RuntimeError, r"convert_checkpoint\.py not found: .*set profile tensorrt_llm_src"),
+    ("a100", {**A100, "tensorrt_llm": "1.3.0rc22"}, EngineIncompatibleError,
+     r"build profile 'a100' drives API tensorrt-engine \(TensorRT-LLM >=0\.12\.0,<1\.3\.0rc21, pinned 1\.2\.1\); this device has "
+     r"TensorRT-LLM 1\.3\.0rc22 \(API pytorch-llm-api\): 1\.3\.0rc21 removed convert_checkpoint\.py, trtllm-build and "
+     r"ModelRunnerCpp\. Fix: install TensorRT-LLM 1\.2\.1, or serve the checkpoint with the vllm backend"),
+    # same major.minor as the profile, but past the removal: refused for the API, not only the version
+    (("a100", {"tensorrt_llm_version": "1.3.0rc20"}), {**A100, "tensorrt_llm": "1.3.0rc21"}, EngineIncompatibleError,
+     r"pinned 1\.3\.0rc20\); this device has TensorRT-LLM 1\.3\.0rc21 \(API pytorch-llm-api\)"),
 ])
 def test_build_environment_check(ckpts, tmp_path, name, device, exc, pattern):
-    plan = trt.plan_build(ckpts["gptq"], {"build_profile": name, "tensorrt_llm_src": str(tmp_path / "nowhere")}, tmp_path / "e")
+    name, overrides = name if isinstance(name, tuple) else (name, {})
+    plan = trt.plan_build(ckpts["gptq"], {"build_profile": name, "tensorrt_llm_src": str(tmp_path / "nowhere"), **overrides},
+                          tmp_path / "e")
     with pytest.raises(exc, match=pattern):
         trt.check_build_environment(plan, device)
 
