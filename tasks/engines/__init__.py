@@ -59,7 +59,9 @@ BACKENDS: dict[str, str] = {
     "cpu": "tasks.engines.cpu_onnx",
     "cpu_native": "tasks.engines.cpu_native",
     "llama_cpp": "tasks.engines.llama_cpp",
+    "edge_llm": "tasks.engines.edge_llm",
     "tensorrt_llm": "tasks.engines.tensorrt_llm",
+    "vllm": "tasks.engines.vllm_engine",
 }
 
 
