@@ -8,6 +8,11 @@ keep_every_k/keep_layers/drop_block is dropped when a run names one of them). Ev
 corpora with run_distill (this process, no services) and is scored on the same held-out texts of the gate's
 eval sources: perplexity against the teacher's, top-1 agreement and KL with the teacher, before and after
 training, with the training throughput and the run's wall time (evaluation included). Prints a markdown row per run as it finishes and writes all of it to --out.
+
+All runs of one invocation share a work directory, so the teacher-output cache (distill.teacher_cache) the first run
+fills serves the later ones, as it serves later releases: `--run '{}' --run '{}'` is a cold and a warm run of the same
+student, and `--run '{"teacher_cache": {"enabled": false}}'` the full-vocabulary KL against a live teacher. A run with
+`"sequence_kd": {"enabled": true, ...}` trains on the teacher's answers too (generated once, then found again).
 """
 from __future__ import annotations
 
@@ -48,8 +53,8 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     base = profile.distill.model_dump(exclude_unset=True)
     results = []
-    print("| run | layers | steps | lr | ppl before | ppl after | × teacher | top-1 after | KL after | train tok/s | wall s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| run | layers | steps | lr | ppl before | ppl after | × teacher | top-1 after | KL after | train tok/s | teacher cache hits | wall s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory(prefix="edgeflow-frontier-") as tmp:
         for i, spec in enumerate(a.run):
             over = json.loads(spec)
@@ -59,16 +64,41 @@ def main() -> None:
                     fields.pop(k, None)
             cfg = type(profile.distill).model_validate(fields | over)
             t0 = time.perf_counter()
-            m = run_distill(teacher, cfg, corpora, held_out, Path(tmp) / f"s{i}", Path(tmp) / "work")
+            files, kd_stats = list(corpora), {}
+            if cfg.sequence_kd.enabled:
+                files, kd_stats = _with_answers(teacher, tok, cfg, files, Path(tmp) / "work")
+            m = run_distill(teacher, cfg, files, held_out, Path(tmp) / f"s{i}", Path(tmp) / "work") | kd_stats
             wall = time.perf_counter() - t0
             m.pop("history", None)
             row = {"run": over, "wall_s": wall} | m
             results.append(row)
             print(f"| {json.dumps(over)} | {m['student_layers']} | {cfg.steps} | {cfg.lr:g} | {m['student_ppl_before_training']:.1f} | "
                   f"{m['student_ppl']:.1f} | {m['student_ppl'] / m['teacher_ppl']:.2f} | {m['student_top1_vs_teacher']:.1%} | "
-                  f"{m['student_kl_vs_teacher']:.3f} | {m['mean_tokens_per_s']:.0f} | {wall:.0f} |", flush=True)
+                  f"{m['student_kl_vs_teacher']:.3f} | {m['mean_tokens_per_s']:.0f} | {_cache(m)} | {wall:.0f} |", flush=True)
             a.out.write_text(json.dumps({"profile": a.profile, "eval_texts": a.eval_texts, "cpus": os.cpu_count(),
                                          "results": results}, indent=1, default=str))
+
+
+def _cache(m: dict) -> str:
+    if "teacher_cache_hits" not in m:
+        return "off"
+    hits, total = int(m["teacher_cache_hits"]), int(m["teacher_cache_hits"] + m["teacher_cache_misses"])
+    return f"{hits}/{total}"
+
+
+def _with_answers(teacher: Path, tok, cfg, corpora: list[Path], work: Path) -> tuple[list[Path], dict]:
+    """The corpora plus the teacher's answers file (tasks/distill/seqkd.py), generated once per work directory."""
+    from transformers import AutoModelForCausalLM
+
+    from tasks.artifacts import sha256_tree
+    from tasks.distill import seqkd
+    from tasks.distill.run import teacher_cache_root
+
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(teacher, dtype=torch.float32).eval()
+    path, stats = seqkd.answers_file(model, tok, corpora, sha256_tree(teacher), cfg.sequence_kd.max_new_tokens,
+                                     cfg.sequence_kd.max_prompts, teacher_cache_root(work))
+    return corpora + ([path] if path else []), stats | {"sequence_kd_s": time.perf_counter() - t0}
 
 
 if __name__ == "__main__":

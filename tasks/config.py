@@ -137,6 +137,13 @@ class DistillConfig(_Strict):
         default_factory=SequenceKDConfig,
         description="Train on the teacher's generated answers to the chat prompts as well (sequence-level KD).",
     )
+    generation_defaults: dict[str, float | bool] | None = Field(
+        default=None,
+        description="Decoding defaults written into the student's generation_config.json, which the quantized checkpoints "
+        "and engines inherit and the edge server applies when a request sets none (keys: do_sample, temperature, top_p, "
+        "top_k, repetition_penalty). None: the teacher's. The shipped profiles set repetition_penalty 1.1 (Ollama's "
+        "default): on the demo's int4 engines greedy answers looped in 4 of 5 demo prompts, with 1.1 in none (BENCHMARKS.md).",
+    )
     # --- processes: how the same training is computed (see training_identity)
     processes: int | None = Field(
         default=None, ge=1,
@@ -211,7 +218,27 @@ class DistillConfig(_Strict):
                              "set strategy: deepspeed-zero3 or the offload fields to none")
         if self.processes is not None:
             self.check_processes(self.processes)
+        if self.generation_defaults is not None:
+            self._check_generation_defaults(self.generation_defaults)
         return self
+
+    @staticmethod
+    def _check_generation_defaults(g: dict) -> None:
+        from tasks.engines.sampling import SamplingParams
+
+        known = ("do_sample", "temperature", "top_p", "top_k", "repetition_penalty")
+        unknown = sorted(set(g) - set(known))
+        if unknown:
+            raise ValueError(f"distill.generation_defaults has unknown keys {unknown}; known: {list(known)}")
+        if "do_sample" in g and not isinstance(g["do_sample"], bool):
+            raise ValueError(f"distill.generation_defaults.do_sample={g['do_sample']!r}: must be true or false")
+        numbers = {k: v for k, v in g.items() if k != "do_sample"}
+        if any(isinstance(v, bool) for v in numbers.values()):
+            raise ValueError(f"distill.generation_defaults {numbers}: temperature, top_p, top_k and repetition_penalty are numbers")
+        try:
+            SamplingParams(**{k: int(v) if k == "top_k" else v for k, v in numbers.items()})
+        except ValueError as e:
+            raise ValueError(f"distill.generation_defaults: {e}") from None
 
     def check_processes(self, n: int) -> None:
         """Raise naming the fields when a step of batch_size sequences cannot be split across n processes."""
@@ -237,7 +264,8 @@ class DistillConfig(_Strict):
         # process, and resuming it with another strategy or process count fails naming both (tasks/distill/train.py:train).
         return self.model_dump(exclude={"checkpoint_every": True, "pushgateway_url": True, "push_every": True,
                                         "stall_timeout_s": True, "processes": True, "strategy": True, "deepspeed_config": True,
-                                        "offload_optimizer": True, "offload_param": True, "teacher_cache": {"max_gb"}})
+                                        "offload_optimizer": True, "offload_param": True, "teacher_cache": {"max_gb"},
+                                        "generation_defaults": True})
 
 
 class CalibrationConfig(_Strict):

@@ -69,6 +69,7 @@ class PreparedRun:
     run_key: str
     checkpoint_dir: Path
     teacher_cache: TeacherCache | None = None
+    generation_defaults: dict | None = None
 
 
 def teacher_cache_root(work_dir: Path) -> Path:
@@ -144,7 +145,7 @@ def prepare_run(teacher_dir: Path, cfg: DistillConfig, corpora: list[Path], eval
         cache = TeacherCache(teacher_cache_root(work_dir), cache_spec(cfg, teacher_sha256 or sha256_tree(teacher_dir)))
         log(0, {"teacher_cache_sequences_before": len(cache), "teacher_cache_max_new_gb": gb})
     return PreparedRun(tokenizer, teacher, student, layer_map, checks, data, data_stats, held_out, run_key,
-                       checkpoint_root(work_dir, run_key), cache)
+                       checkpoint_root(work_dir, run_key), cache, cfg.generation_defaults)
 
 
 def finish_run(run: PreparedRun, before: dict[str, float], result: DistillResult, out_dir: Path) -> dict:
@@ -154,6 +155,9 @@ def finish_run(run: PreparedRun, before: dict[str, float], result: DistillResult
     run.student.to("cpu")
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
+    if run.generation_defaults:  # what the edge server decodes with when a request sets nothing
+        for k, v in run.generation_defaults.items():
+            setattr(run.student.generation_config, k, int(v) if k == "top_k" else v)
     run.student.save_pretrained(tmp)
     run.tokenizer.save_pretrained(tmp)
     write_manifest(tmp)

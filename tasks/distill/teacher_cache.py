@@ -266,7 +266,8 @@ class TeacherCache:
                 "teacher_cache_bytes_written": s.bytes_written}
 
 
-# --- the store: one MLflow run per namespace in EXPERIMENT, its shards under shards/<sha256>.parquet
+# --- the store: one MLflow run per namespace in EXPERIMENT, its shards under shards/<sha256>.parquet. `spec` is any
+# object with a `namespace` and `tags()`: a CacheSpec here, an AnswersSpec for sequence-level KD (tasks/distill/seqkd.py).
 def _runs(client, spec: CacheSpec, create: bool, artifact_location: str | None = None) -> list:
     from tasks.runs import experiment_id, find_experiment_id
 

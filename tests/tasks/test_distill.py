@@ -524,7 +524,8 @@ def test_run_distill_on_smollm2_logs_every_term_and_evaluates_against_the_teache
     corpus = _jsonl(tmp_path / "c.jsonl", ["The cat sat on the mat and looked at the bird outside.",
                                            "Water boils at one hundred degrees Celsius at sea level.",
                                            " ".join(["a long sentence that will be truncated"] * 6)])
-    cfg = DistillConfig(keep_layers=[0, 29], steps=2, batch_size=2, max_seq_len=16, beta=0.1, checkpoint_every=1)
+    cfg = DistillConfig(keep_layers=[0, 29], steps=2, batch_size=2, max_seq_len=16, beta=0.1, checkpoint_every=1,
+                        generation_defaults={"repetition_penalty": 1.1})
     logged: list[tuple[int, dict]] = []
     with pytest.warns(UserWarning, match="parameter ratio 3.8x"):
         m = run_distill(teacher_dir, cfg, [corpus], ["Paris is the capital of France.", "Two plus two is four."],
@@ -540,6 +541,12 @@ def test_run_distill_on_smollm2_logs_every_term_and_evaluates_against_the_teache
         assert m[k] == m[k] and m[k] >= 0, k  # present and not NaN
     assert m["student_quality_pct"] == pytest.approx(100 * m["teacher_ppl"] / m["student_ppl"])
     assert (tmp_path / "student" / "model.safetensors").exists() and (tmp_path / "student" / "edgeflow-manifest.json").exists()
+    # the decoding defaults travel with the student: what the edge server reads from an engine built from it
+    from serving.runtime import generation_defaults
+
+    assert generation_defaults(tmp_path / "student") == {"repetition_penalty": 1.1}
+    # the teacher ran once per distinct sequence: 3 records, 4 visits in 2 steps of 2 (the cache is on by default)
+    assert m["teacher_cache_misses"] == 3 and m["teacher_cache_hits"] == 1 and m["teacher_cache_bytes_written"] > 0
     # the checkpoint written at step 1 was removed once the student was saved; the training set stays cached
     assert not any((tmp_path / "work" / "checkpoints" / "distill").iterdir())
     assert len(list((tmp_path / "work" / "cache" / "distill-data").glob("*.parquet"))) == 1
