@@ -9,9 +9,11 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: demo test down pools services venv clean
 
-# llama-cpp-python (the llama_cpp engine) compiles llama.cpp from its sdist at install (about 5 min on 2 cores; pip
-# caches the wheel it builds, so a later install on the same machine takes seconds). x86: the ISA cpu_native is
-# compiled for (AVX2, FMA, F16C), not -march=native, so the library runs on any AVX2 machine this venv is copied to.
+# Two installs into one venv: what `make demo` runs (torch, the pipeline, cpu_native), then what `make test` adds
+# (the `test` extra: pytest, Playwright, linters, and llama-cpp-python for the llama_cpp engine).
+# llama-cpp-python compiles llama.cpp from its sdist (about 5 min on 2 cores; pip caches the wheel it builds, so a later
+# install on the same machine takes seconds). x86: the ISA cpu_native is compiled for (AVX2, FMA, F16C), not
+# -march=native, so the library runs on any AVX2 machine this venv is copied to.
 # Override for another target, e.g. LLAMA_CMAKE_ARGS="-DGGML_NATIVE=ON" or "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=87".
 ifeq ($(shell uname -m),x86_64)
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAVA_BUILD=OFF
@@ -23,6 +25,10 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first and pinned: the CPU build, not a multi-GB CUDA one.
 	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -q -e '.[test]'
 	touch $@
 
@@ -38,7 +44,7 @@ demo: services
 	$(PY) scripts/demo.py --profile $(PROFILE)
 
 # --durations: the slowest tests in every run's log, where CI time goes (BENCHMARKS.md, "CI from a fresh clone").
-test: venv
+test: $(VENV)/.installed-test
 	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 down:

@@ -144,6 +144,14 @@ class DistillConfig(_Strict):
         "top_k, repetition_penalty). None: the teacher's. The shipped profiles set repetition_penalty 1.1 (Ollama's "
         "default): on the demo's int4 engines greedy answers looped in 4 of 5 demo prompts, with 1.1 in none (BENCHMARKS.md).",
     )
+    mixed_precision: Literal["auto", "bf16", "off"] = Field(
+        default="auto",
+        description="The teacher's and the student's forward passes under torch.autocast in bfloat16; weights, AdamW states and "
+        "the loss stay fp32 (the student's passes under deepspeed-zero3 follow its own config instead). auto: bf16 where the "
+        "device computes it natively (a CUDA GPU that supports it, a CPU listing avx512_bf16 or amx_bf16), off elsewhere, "
+        "where emulated bf16 is slower than fp32. Measured on the demo's step (2-core AMD EPYC, AVX512_BF16): 3.9 s fp32, "
+        "1.8 s bf16 (BENCHMARKS.md, \"Mixed precision\"). The teacher-output cache keeps the two apart (its namespace).",
+    )
     # --- processes: how the same training is computed (see training_identity)
     processes: int | None = Field(
         default=None, ge=1,

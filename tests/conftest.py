@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from tasks.allocator import tune
+
+tune()  # as in every stage process (flows/__init__.py): before torch loads, so its THP setting takes effect
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ from tasks.distill.checks import (PARAM_RATIO_GUIDELINE, check_memory_budget, ch
 from tasks.distill.data import TokenDataset, prepare_dataset, tokenize_corpus
 from tasks.distill.student import BLOCK_PROBE_SEQS, build_student, count_params, resolve_layer_map
 from tasks.distill.teacher_cache import CacheSpec, TeacherCache, bytes_per_token
-from tasks.distill.train import DistillResult, LogFn, train
+from tasks.distill.train import DistillResult, LogFn, precision_label, train
 
 
 @torch.no_grad()
@@ -77,9 +77,10 @@ def teacher_cache_root(work_dir: Path) -> Path:
     return Path(work_dir) / "cache" / "teacher-outputs"
 
 
-def cache_spec(cfg: DistillConfig, teacher_sha256: str) -> CacheSpec:
-    """The namespace of the teacher outputs a run with cfg reads and writes."""
-    return CacheSpec(teacher_sha256, cfg.teacher_cache.top_k, cfg.temperature, cfg.teacher_cache.hidden_dtype)
+def cache_spec(cfg: DistillConfig, teacher_sha256: str, device: torch.device | str | None = None) -> CacheSpec:
+    """The namespace of the teacher outputs a run with cfg reads and writes on `device` (default_device when None)."""
+    return CacheSpec(teacher_sha256, cfg.teacher_cache.top_k, cfg.temperature, cfg.teacher_cache.hidden_dtype,
+                     precision_label(cfg.mixed_precision, device))
 
 
 def check_cache_budget(cfg: DistillConfig, data_stats: dict, hidden_layers: int, hidden_size: int) -> float:

@@ -15,8 +15,8 @@ What is stored, per sequence (a row of a Parquet shard):
 
 Keys, by content only:
 - the namespace (a directory locally, an MLflow run tag in the store) is the hash of the teacher's weights (tree
-  sha256), k, the temperature, the hidden-state dtype and the storage format: a changed teacher, k or T reads nothing
-  old;
+  sha256), k, the temperature, the hidden-state dtype, the precision the teacher ran in (fp32, or bf16 under
+  distill.mixed_precision) and the storage format: a changed teacher, k, T or precision reads nothing old;
 - an entry is the hash of the sequence's token ids (int32 bytes), so a corpus edit, a new tokenizer or another
   max_seq_len misses exactly the sequences whose tokens changed, and every unchanged one still hits;
 - an entry serves a run only when it holds every teacher layer that run matches (a student keeping other layers
@@ -76,16 +76,19 @@ class CacheSpec:
     top_k: int
     temperature: float
     hidden_dtype: str = "bfloat16"
+    precision: str = "fp32"  # what the teacher's forward computed in (distill.mixed_precision, resolved on the host)
 
     @property
     def namespace(self) -> str:
         return sha256_json({"format": CACHE_FORMAT, "teacher": self.teacher_sha256, "top_k": self.top_k,
-                            "temperature": float(self.temperature), "hidden_dtype": self.hidden_dtype})[:32]
+                            "temperature": float(self.temperature), "hidden_dtype": self.hidden_dtype,
+                            "precision": self.precision})[:32]
 
     def tags(self) -> dict[str, str]:
         return {NAMESPACE_TAG: self.namespace, "edgeflow.teacher_sha256": self.teacher_sha256,
                 "edgeflow.top_k": str(self.top_k), "edgeflow.temperature": repr(float(self.temperature)),
-                "edgeflow.hidden_dtype": self.hidden_dtype, "edgeflow.cache_format": str(CACHE_FORMAT)}
+                "edgeflow.hidden_dtype": self.hidden_dtype, "edgeflow.precision": self.precision,
+                "edgeflow.cache_format": str(CACHE_FORMAT)}
 
 
 def sequence_key(ids: Sequence[int]) -> str:

@@ -8,6 +8,7 @@ under DistributedDataParallel (_TorchEngine) or a DeepSpeed ZeRO-3 engine (_Zero
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import shutil
@@ -24,6 +25,7 @@ from tasks.distill.checks import check_no_shared_storage, check_teacher_frozen
 from tasks.distill.data import BatchOrder, TokenDataset, collate
 from tasks.distill.student import count_params
 from tasks.distill.teacher_cache import TeacherCache
+from tasks.engines.cpu_host import cpu_flags
 from tasks.distill.telemetry import GaugePusher, StallWatchdog
 from tasks.losses import StepSums, hidden_sums, kd_sums, kd_sums_topk, make_projections, rank_share
 from tasks.progress import LoopProgress
@@ -203,6 +205,37 @@ class _ZeroEngine:
                     dst.copy_(full.reshape(dst.shape).to(dst.device, dst.dtype))
 
 
+# CPU flags of native bfloat16 matrix math (AVX-512 BF16 dot products, AMX tiles); without them oneDNN emulates bf16
+# and an autocast step is slower than fp32.
+NATIVE_BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def default_device() -> torch.device:
+    """Where a single-process run trains: the first CUDA device when there is one, else the CPU (run_distill)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def autocast_dtype(mode: str, device: torch.device | str) -> torch.dtype | None:
+    """The dtype distill.mixed_precision (`mode`) runs the forward passes in on `device`; None: fp32, no autocast."""
+    device = torch.device(device)
+    if mode == "off":
+        return None
+    if mode == "bf16":
+        return torch.bfloat16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    return torch.bfloat16 if device.type == "cpu" and cpu_flags() & NATIVE_BF16_CPU_FLAGS else None
+
+
+def precision_label(mode: str, device: torch.device | str | None = None) -> str:
+    """'bf16' or 'fp32': what the teacher's forward computes in under `mode` on `device` (default_device when None)."""
+    return "fp32" if autocast_dtype(mode, device or default_device()) is None else "bf16"
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
 def train(teacher, student, data: TokenDataset | list[list[int]], cfg: DistillConfig, pad_id: int, *,
           layer_map: dict[int, int] | None = None, checkpoint_dir: Path | None = None, run_label: str = "local",
           log: LogFn | None = None, zero_config: dict | None = None, teacher_cache: TeacherCache | None = None) -> DistillResult:
@@ -231,6 +264,10 @@ def train(teacher, student, data: TokenDataset | list[list[int]], cfg: DistillCo
     log = log if is_main else None
     use_hidden = cfg.beta > 0
     device = next(student.parameters()).device
+    # bf16 forward passes where the device computes them natively (distill.mixed_precision); the student's own under
+    # a ZeRO engine follow its DeepSpeed config instead, and the loss terms always upcast to fp32 (tasks/losses.py)
+    amp = autocast_dtype(cfg.mixed_precision, device)
+    student_amp = amp if zero_config is None else None
     teacher.eval()
     student.train()
     if cfg.gradient_checkpointing:
@@ -273,12 +310,14 @@ def train(teacher, student, data: TokenDataset | list[list[int]], cfg: DistillCo
             watchdog.check()
             check_teacher_frozen(teacher)  # every step: a callback or hook must not unfreeze it mid-run
             if teacher_cache is not None:
-                t_idx, t_logp, t_hidden = teacher_cache.outputs(teacher, batch, input_ids, attn, t_layers)
+                with _autocast(device, amp):  # the cache's namespace records the precision (cache_spec)
+                    t_idx, t_logp, t_hidden = teacher_cache.outputs(teacher, batch, input_ids, attn, t_layers)
             else:
-                with torch.no_grad():
+                with torch.no_grad(), _autocast(device, amp):
                     t_out = teacher(input_ids=input_ids, attention_mask=attn, output_hidden_states=use_hidden, use_cache=False)
                 t_hidden = _hidden(t_out, t_layers) if use_hidden else []
-            logits, s_hidden = engine.module(input_ids, attn, use_hidden)
+            with _autocast(device, student_amp):
+                logits, s_hidden = engine.module(input_ids, attn, use_hidden)
             if teacher_cache is not None:
                 sums = StepSums(*kd_sums_topk(logits, t_idx, t_logp, labels, cfg.temperature))
             else:

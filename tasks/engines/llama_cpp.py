@@ -538,7 +538,11 @@ class LlamaCppSession:
     score_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _new(self, logits_all: bool) -> Any:
-        from llama_cpp import Llama
+        try:
+            from llama_cpp import Llama
+        except ImportError as e:
+            raise RuntimeError(f"engine.backend llama_cpp needs llama-cpp-python ({e}); install the `llamacpp` extra: "
+                               "pip install -e '.[llamacpp]' (make test installs it; make demo does not)") from None
 
         return Llama(model_path=str(self.model_path), n_ctx=self.context_length, n_batch=self.n_batch,
                      n_ubatch=self.n_batch, n_threads=self.threads, n_threads_batch=self.threads,

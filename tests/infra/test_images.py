@@ -176,7 +176,7 @@ def test_cpu_serve_covers_what_the_server_imports_at_the_repo_pins():
 def test_a100_pins_torch_and_installs_the_gpu_extra():
     st = stages(DOCKERFILES["a100"])
     installs = " ".join(pip_installs(st, "train"))
-    assert "torch==2.13.0" in installs and "[gpu]" in installs
+    assert "torch==2.13.0" in installs and "[gpu,llamacpp]" in installs
     assert "vllm==" in " ".join(pip_installs(st, "vllm"))
 
 

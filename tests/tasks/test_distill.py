@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -593,3 +594,35 @@ def test_train_student_logs_each_term_per_step_to_mlflow(tiny_smol, mlflow_track
                    "student_layers", "student_params", "size_ratio")  # what tasks/report.py:STUDENT_FIELDS reads
     assert set(report_keys) <= set(student.meta) and student.meta["student_layers"] == 2
     assert student.uri.startswith("mlflow-artifacts:/") and (materialize(student) / "model.safetensors").exists()
+
+
+def test_mixed_precision_runs_the_forward_passes_in_bf16_and_keeps_the_weights_fp32(tiny_llama, monkeypatch):
+    import importlib
+
+    train_mod = importlib.import_module("tasks.distill.train")  # the module (tasks.distill exports its train function)
+    from tasks.distill.run import cache_spec
+
+    # auto follows the CPU's native bf16 flags; off and bf16 are what they say
+    monkeypatch.setattr(train_mod, "cpu_flags", lambda: {"avx2", "avx512_bf16"})
+    assert train_mod.autocast_dtype("auto", "cpu") is torch.bfloat16
+    monkeypatch.setattr(train_mod, "cpu_flags", lambda: {"avx2", "fma"})
+    assert train_mod.autocast_dtype("auto", "cpu") is None
+    assert train_mod.autocast_dtype("off", "cpu") is None and train_mod.autocast_dtype("bf16", "cpu") is torch.bfloat16
+    # the teacher-output cache keeps outputs computed in the two precisions apart
+    specs = {m: cache_spec(DistillConfig(mixed_precision=m), "t" * 64, "cpu") for m in ("off", "bf16", "auto")}
+    assert specs["off"].namespace != specs["bf16"].namespace
+    assert specs["auto"].namespace == specs["off"].namespace  # auto on a CPU without native bf16 (patched above)
+
+    seen: dict[str, set] = {}
+    for mode in ("off", "bf16"):
+        cfg = DistillConfig(keep_layers=[1], steps=2, batch_size=2, checkpoint_every=0, seed=1, mixed_precision=mode)
+        teacher, student, layer_map = _tiny_pair(tiny_llama, cfg)
+        dtypes = seen[mode] = set()
+        for model in (teacher, student):
+            model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o, d=dtypes: d.add(o.dtype))
+        result = train(teacher, student, _seqs(), cfg, pad_id=0, layer_map=layer_map)
+        assert all(math.isfinite(h["total"]) for h in result.history)
+        assert {p.dtype for p in student.parameters()} == {torch.float32}
+    assert seen == {"off": {torch.float32}, "bf16": {torch.bfloat16}}
+    with pytest.raises(ValueError, match="mixed_precision"):
+        DistillConfig(mixed_precision="fp16")
