@@ -150,7 +150,7 @@ class DistillConfig(_Strict):
         "the loss stay fp32 (the student's passes under deepspeed-zero3 follow its own config instead). auto: bf16 where the "
         "device computes it natively (a CUDA GPU that supports it, a CPU listing avx512_bf16 or amx_bf16), off elsewhere, "
         "where emulated bf16 is slower than fp32. Measured on the demo's step (2-core AMD EPYC, AVX512_BF16): 3.9 s fp32, "
-        "1.8 s bf16 (BENCHMARKS.md, \"Mixed precision\"). The teacher-output cache keeps the two apart (its namespace).",
+        "1.8 s bf16 (BENCHMARKS.md, the AMD EPYC block of \"Cold make demo from a fresh clone\"). The teacher-output cache keeps the two apart (its namespace).",
     )
     # --- processes: how the same training is computed (see training_identity)
     processes: int | None = Field(
