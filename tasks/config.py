@@ -569,6 +569,13 @@ class RolloutConfig(_Strict):
     max_ttft_p99_ms: float | None = Field(
         default=None, gt=0, description="Breach: a wave device's TTFT p99 above this, in ms (None: only the comparison).",
     )
+    ttft_p99_slack_ms: float = Field(
+        default=50, ge=0,
+        description="The max_ttft_p99_ratio comparison breaches only when the wave device's TTFT p99 is also more than this "
+        "many ms above the old-version devices'. Why: the p99s come from the server's histogram buckets (10, 25, 50, "
+        "100 ms …), and with a few requests in a short window one bucket step is a 2x ratio with nothing wrong (seen in "
+        "a loaded 2-core test run: 44 ms against 25 ms). 0: the ratio alone.",
+    )
     max_restarts: int = Field(default=0, ge=0, description="Breach: more server restarts than this on a wave device in the window.")
     max_feedback_rate: float = Field(
         default=0.05, ge=0, le=1, description="Breach: 'wrong answer' or 'no response' feedback per request on a wave device, "

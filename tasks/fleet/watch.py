@@ -7,7 +7,8 @@ label its scrape targets carry (python -m tasks.fleet targets writes them from t
 
   scraped      every wave device was scraped through the window (`up` present and 1)        fail closed
   error rate   5xx answers / requests, above the old-version devices' by > max_error_rate   judged with >= min_requests
-  TTFT p99     above max_ttft_p99_ratio x the old-version devices', or above max_ttft_p99_ms  judged with >= min_requests
+  TTFT p99     above max_ttft_p99_ratio x the old-version devices' (and by more than ttft_p99_slack_ms), or above
+               max_ttft_p99_ms                                                                judged with >= min_requests
   restarts     supervisor restarts (edgeflow_server_restarts) above max_restarts             always
   feedback     'wrong answer' + 'no response' per request, above the old ones' by > max_feedback_rate
 
@@ -123,9 +124,11 @@ def judge(cfg: RolloutConfig, wave: list[DeviceFigures], baseline: DeviceFigures
             breaches.append(f"{f.device}: 5xx rate {f.error_rate:.2%} > old version's {base_err:.2%} + "
                             f"rollout.max_error_rate={cfg.max_error_rate:.2%} (check: error rate)")
         if f.ttft_p99_ms is not None:
-            if base_ok and baseline.ttft_p99_ms and f.ttft_p99_ms > cfg.max_ttft_p99_ratio * baseline.ttft_p99_ms:
+            if (base_ok and baseline.ttft_p99_ms and f.ttft_p99_ms > cfg.max_ttft_p99_ratio * baseline.ttft_p99_ms
+                    and f.ttft_p99_ms - baseline.ttft_p99_ms > cfg.ttft_p99_slack_ms):
                 breaches.append(f"{f.device}: TTFT p99 {f.ttft_p99_ms:.0f} ms > {cfg.max_ttft_p99_ratio} x old version's "
-                                f"{baseline.ttft_p99_ms:.0f} ms (check: TTFT p99)")
+                                f"{baseline.ttft_p99_ms:.0f} ms, and more than rollout.ttft_p99_slack_ms="
+                                f"{cfg.ttft_p99_slack_ms:g} above it (check: TTFT p99)")
             if cfg.max_ttft_p99_ms is not None and f.ttft_p99_ms > cfg.max_ttft_p99_ms:
                 breaches.append(f"{f.device}: TTFT p99 {f.ttft_p99_ms:.0f} ms > rollout.max_ttft_p99_ms={cfg.max_ttft_p99_ms:.0f} "
                                 "(check: TTFT p99)")

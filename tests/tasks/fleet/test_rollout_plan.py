@@ -104,6 +104,12 @@ def test_the_verdict_compares_the_wave_with_the_old_version_devices():
     assert breaches[1].startswith("a: 5xx rate 5.00% > old version's 0.00%")
     breaches, _ = judge(cfg, [_fig("a", 100, scraped=False)], base)
     assert breaches == ["a: not scraped (or down) through the window; Prometheus cannot vouch for it (check: scraped)"]
+    # one histogram-bucket step (25 -> 44 ms) is a 1.76x ratio but within the slack; without a slack it breaches
+    tight = pooled([_fig("b", 100, ttft=25)])
+    assert judge(cfg, [_fig("a", 100, ttft=44)], tight) == ([], [])
+    breaches, _ = judge(cfg.model_copy(update={"ttft_p99_slack_ms": 0}), [_fig("a", 100, ttft=44)], tight)
+    assert breaches == ["a: TTFT p99 44 ms > 1.5 x old version's 25 ms, and more than rollout.ttft_p99_slack_ms=0 above it "
+                        "(check: TTFT p99)"]
     # too little traffic: rates are not judged, restarts still are
     breaches, notes = judge(cfg, [_fig("a", 3, errors=3, restarts=2)], None)
     assert len(breaches) == 1 and "restart" in breaches[0] and any("3 requests < rollout.min_requests=10" in n for n in notes)
