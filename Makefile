@@ -11,8 +11,8 @@ export TOKENIZERS_PARALLELISM := false
 
 # Two installs into one venv: what `make demo` runs (torch, the pipeline, cpu_native), then what `make test` adds
 # (the `test` extra: pytest, Playwright, linters, and llama-cpp-python for the llama_cpp engine).
-# llama-cpp-python compiles llama.cpp from its sdist (about 5 min on 2 cores; pip caches the wheel it builds, so a later
-# install on the same machine takes seconds; uv caches it the same way). x86: the ISA cpu_native is compiled for (AVX2, FMA, F16C), not
+# llama-cpp-python compiles llama.cpp from its sdist (about 5 min on 2 cores; uv caches the wheel it builds, so a later
+# install on the same machine takes seconds). x86: the ISA cpu_native is compiled for (AVX2, FMA, F16C), not
 # -march=native, so the library runs on any AVX2 machine this venv is copied to.
 # Override for another target, e.g. LLAMA_CMAKE_ARGS="-DGGML_NATIVE=ON" or "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=87".
 ifeq ($(shell uname -m),x86_64)

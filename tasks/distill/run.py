@@ -21,7 +21,7 @@ from tasks.distill.checks import (PARAM_RATIO_GUIDELINE, check_memory_budget, ch
 from tasks.distill.data import TokenDataset, prepare_dataset, tokenize_corpus
 from tasks.distill.student import BLOCK_PROBE_SEQS, build_student, count_params, resolve_layer_map
 from tasks.distill.teacher_cache import CacheSpec, TeacherCache, bytes_per_token
-from tasks.distill.train import DistillResult, LogFn, precision_label, train
+from tasks.distill.train import DistillResult, LogFn, default_device, precision_label, train
 
 
 @torch.no_grad()
@@ -189,7 +189,7 @@ def run_distill(teacher_dir: Path, cfg: DistillConfig, corpora: list[Path], eval
     """Checks → training set → train (resumable) → evaluate → save, in this process. Returns metrics; the student
     lands in out_dir. tasks/distill_launch.py:run_distill_distributed is the same over several processes."""
     run = prepare_run(teacher_dir, cfg, corpora, eval_texts, work_dir, student_from, log, teacher_sha256)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device()  # the device cache_spec resolved the teacher-output namespace's precision for
     run.teacher.to(device)
     run.student.to(device)
     before = compare_to_teacher(run.teacher, run.student, run.held_out)

@@ -25,8 +25,8 @@ from tasks.distill.checks import check_no_shared_storage, check_teacher_frozen
 from tasks.distill.data import BatchOrder, TokenDataset, collate
 from tasks.distill.student import count_params
 from tasks.distill.teacher_cache import TeacherCache
-from tasks.engines.cpu_host import cpu_flags
 from tasks.distill.telemetry import GaugePusher, StallWatchdog
+from tasks.engines.cpu_host import cpu_flags
 from tasks.losses import StepSums, hidden_sums, kd_sums, kd_sums_topk, make_projections, rank_share
 from tasks.progress import LoopProgress
 
