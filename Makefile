@@ -49,8 +49,13 @@ demo: services
 	$(PY) scripts/demo.py --profile $(PROFILE)
 
 # --durations: the slowest tests in every run's log, where CI time goes (BENCHMARKS.md, "CI from a fresh clone").
+# Two pytest workers (pytest-xdist): the two end-to-end modules (tests/flows/test_release_e2e.py, test_multihost.py)
+# spend ~40 % of their time waiting on their servers, workers and stage processes, with the 2 cores ~60 % busy, so
+# they run side by side, each whole on one worker (its services are module fixtures: --dist loadgroup), and the
+# unit tests fill in. PYTEST_WORKERS=0 runs everything in this one process, in file order.
+PYTEST_WORKERS ?= 2
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 down:
 	@test -x $(PY) && $(PY) scripts/services.py down || true

@@ -38,7 +38,7 @@ BIN = Path(sys.executable).parent
 if str(REPO) not in sys.path:  # run as `python scripts/services.py`: sys.path[0] is scripts/
     sys.path.append(str(REPO))
 
-from tasks.processes import alive, read_pid, spawn_detached, stop_group  # noqa: E402 - needs REPO on sys.path
+from tasks.processes import alive, read_pid, spawn_detached, stop_groups  # noqa: E402 - needs REPO on sys.path
 
 # How `down` stops a group: SIGINT first (Prefect workers exit cleanly on it and are slow on SIGTERM), then harder.
 DOWN_STEPS = ((signal.SIGINT, 10.0), (signal.SIGTERM, 10.0), (signal.SIGKILL, 2.0))
@@ -201,9 +201,10 @@ def up() -> None:
 def down() -> None:
     home = Path(settings()["home"])
     run = home / "run"
-    for pidfile in sorted(run.glob("*.pid")) if run.exists() else []:
-        pid = read_pid(pidfile)
-        stop_group(pid, DOWN_STEPS)
+    pidfiles = sorted(run.glob("*.pid")) if run.exists() else []
+    pids = {pidfile: read_pid(pidfile) for pidfile in pidfiles}
+    stop_groups(list(pids.values()), DOWN_STEPS)  # all at once: as long as the slowest, not the sum
+    for pidfile, pid in pids.items():
         pidfile.unlink(missing_ok=True)
         print(f"stopped {pidfile.stem} (pid {pid})")
 

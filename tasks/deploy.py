@@ -19,7 +19,7 @@ import httpx
 from tasks.artifacts import ChecksumError, verify_manifest
 from tasks.config import REPO_ROOT, Profile
 from tasks.engines import EngineIncompatibleError, get_backend
-from tasks.processes import alive, read_pid, spawn_detached, stop_group
+from tasks.processes import alive, read_pid, spawn_detached, stop_group, stop_groups
 
 
 def fetch_version(profile: Profile, alias: str, version: str | None = None) -> tuple[str, Path]:
@@ -112,9 +112,9 @@ def stop_device(profile: Profile) -> list[str]:
     """Stop the proxy and every edge server this device started (by pid file); returns what was stopped."""
     stopped = []
     run = run_dir(profile)
-    for pf in sorted(run.glob("edge-*.pid")) if run.exists() else []:
-        pid = read_pid(pf)
-        stop_group(pid)
+    pids = {pf: read_pid(pf) for pf in (sorted(run.glob("edge-*.pid")) if run.exists() else [])}
+    stop_groups(list(pids.values()))  # the proxy and every server at once
+    for pf, pid in pids.items():
         pf.unlink(missing_ok=True)
         stopped.append(f"{pf.stem} (pid {pid})")
     return stopped

@@ -10,6 +10,7 @@ about 50 s on 2 cores; the link, a hash of the files.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -144,6 +145,16 @@ def teacher_dir(profile: Profile) -> Path:
 
             return Path(snapshot_download(cfg.path, local_files_only=True))
         return Path(cfg.path)
+    # One conversion at a time per work directory: two processes resolving the teacher at once (a worker's stages, the
+    # test suite's workers) would otherwise both fetch and convert into the same temporary paths.
+    lock = profile.work / "models" / ".teacher.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        return _teacher_dir_locked(profile, cfg)
+
+
+def _teacher_dir_locked(profile: Profile, cfg: TeacherConfig) -> Path:
     cache = profile.work / "cache"
     gguf = fetch_gguf(cfg, cache)
     gguf_sha = sha256_file(gguf)

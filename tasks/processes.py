@@ -58,16 +58,28 @@ def alive(pid: int) -> bool:
 
 def stop_group(pid: int, steps: Sequence[tuple[int, float]] = TERM_THEN_KILL, poll_s: float = 0.2) -> None:
     """Send each (signal, seconds to wait) of `steps` to pid's process group in turn, until the process is gone."""
+    stop_groups([pid], steps, poll_s)
+
+
+def stop_groups(pids: Sequence[int], steps: Sequence[tuple[int, float]] = TERM_THEN_KILL, poll_s: float = 0.2) -> None:
+    """stop_group for several groups at once: each step's signal goes to every group still alive, and the step's wait
+    is shared, so stopping n services takes as long as the slowest, not the sum (five services that each take ~10 s
+    to exit on SIGINT: 10 s, not 50)."""
+    left = list(pids)
     for sig, wait in steps:
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
+        for pid in list(left):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                left.remove(pid)
         deadline = time.time() + wait
-        while time.time() < deadline:
-            if not alive(pid):
-                return
-            time.sleep(poll_s)
+        while left and time.time() < deadline:
+            left = [pid for pid in left if alive(pid)]
+            if left:
+                time.sleep(poll_s)
+        left = [pid for pid in left if alive(pid)]
+        if not left:
+            return
 
 
 if __name__ == "__main__":

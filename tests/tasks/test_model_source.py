@@ -62,3 +62,37 @@ def test_a_teacher_converted_before_the_machine_cache_existed_is_remembered(teac
     assert ms.teacher_dir(profile) == out
     kept = tmp_path / "machine" / f"teacher-{ms.conversion_key(sha256_file(gguf))}"
     assert ms.cached_teacher(kept) == kept
+
+
+def test_a_second_resolver_waits_for_the_one_converting(teacher_dir, tmp_path, monkeypatch):
+    """Two processes resolving the teacher into one work directory take turns: while one holds the work directory's
+    lock (converting), the other waits, then finds the finished teacher instead of converting into the same paths."""
+    import fcntl
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    monkeypatch.setenv(ms.MODEL_CACHE_ENV, str(tmp_path / "machine"))
+    profile, gguf = _profile_with_gguf(tmp_path / "clone")
+    kept = tmp_path / "machine" / f"teacher-{ms.conversion_key(sha256_file(gguf))}"
+    kept.parent.mkdir(parents=True)
+    ms._link_tree(Path(teacher_dir), kept)
+    path = tmp_path / "profile.yaml"
+    data = yaml.safe_load((REPO_ROOT / "configs" / "test-tiny.yaml").read_text()) | {"workdir": str(tmp_path / "clone")}
+    path.write_text(yaml.safe_dump(data))
+    lock = profile.work / "models" / ".teacher.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    code = ("from tasks.config import load_profile; from tasks.model_source import teacher_dir; "
+            f"print(teacher_dir(load_profile({str(path)!r})))")
+    with open(lock, "a") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # "another process is converting"
+        proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, env=os.environ.copy(), stdout=subprocess.PIPE, text=True)
+        time.sleep(5)
+        assert proc.poll() is None  # waiting for the lock
+        assert not (profile.work / "models" / f"teacher-{sha256_file(gguf)[:16]}").exists()
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0
+    assert Path(out.strip()) == profile.work / "models" / f"teacher-{sha256_file(gguf)[:16]}"
+    verify_manifest(Path(out.strip()))

@@ -5,7 +5,7 @@ import signal
 import sys
 import time
 
-from tasks.processes import alive, read_pid, spawn_detached, stop_group
+from tasks.processes import alive, read_pid, spawn_detached, stop_group, stop_groups
 
 
 def test_spawn_writes_log_and_pidfile_and_stop_ends_the_whole_group(tmp_path):
@@ -36,3 +36,23 @@ def test_stop_of_a_gone_process_returns_and_a_gone_pid_is_not_alive(tmp_path):
         time.sleep(0.05)
     assert not alive(pid)
     stop_group(pid)  # no such group any more: nothing to do, no error
+
+
+def test_stopping_several_groups_shares_each_steps_wait(tmp_path):
+    """Three groups that ignore SIGTERM: one shared SIGTERM wait, then SIGKILL ends all three (not three waits in a
+    row); one that exits on SIGTERM is gone after the first step, and a pid already gone is skipped."""
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    pids = []
+    for i, code in enumerate([stubborn] * 3 + ["import time; print('up', flush=True); time.sleep(60)"]):
+        pids.append(spawn_detached([sys.executable, "-c", code], tmp_path / f"{i}.log", tmp_path / f"{i}.pid", tmp_path))
+    gone = spawn_detached([sys.executable, "-c", "pass"], tmp_path / "g.log", tmp_path / "g.pid", tmp_path)
+    deadline = time.time() + 30
+    while time.time() < deadline and not all((tmp_path / f"{i}.log").read_text().strip() for i in range(4)):
+        time.sleep(0.1)  # every handler installed before the first signal
+    while alive(gone) and time.time() < deadline:
+        time.sleep(0.05)
+    t0 = time.time()
+    stop_groups(pids + [gone], ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)))
+    took = time.time() - t0
+    assert not any(alive(p) for p in pids)
+    assert 2.0 <= took < 2.0 * 3, took  # one shared 2 s SIGTERM wait, not one per stubborn group
