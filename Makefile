@@ -11,8 +11,8 @@ export TOKENIZERS_PARALLELISM := false
 
 # Two installs into one venv: what `make demo` runs (torch, the pipeline, cpu_native), then what `make test` adds
 # (the `test` extra: pytest, Playwright, linters, and llama-cpp-python for the llama_cpp engine).
-# llama-cpp-python compiles llama.cpp from its sdist (about 5 min on 2 cores; uv caches the wheel it builds, so a later
-# install on the same machine takes seconds). x86: the ISA cpu_native is compiled for (AVX2, FMA, F16C), not
+# llama-cpp-python compiles llama.cpp from its sdist (about 5 min on 2 cores), once per machine: the wheel is kept in
+# ~/.cache/edgeflow/wheels (below), so a later install, a fresh clone's included, takes seconds. x86: the ISA cpu_native is compiled for (AVX2, FMA, F16C), not
 # -march=native, so the library runs on any AVX2 machine this venv is copied to.
 # Override for another target, e.g. LLAMA_CMAKE_ARGS="-DGGML_NATIVE=ON" or "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=87".
 ifeq ($(shell uname -m),x86_64)
@@ -33,8 +33,15 @@ $(VENV)/.installed: pyproject.toml
 	$(UV) pip install -q --python $(PY) -e .
 	touch $@
 
+# llama-cpp-python's wheel, built once per machine and build options into edgeflow's wheel cache: uv re-downloads
+# the sdist whenever the registry's cache headers say so, and each new download compiled llama.cpp again (5 min here).
+LLAMA_CPP_PIN := $(shell sed -n 's/.*"\(llama-cpp-python==[^"]*\)".*/\1/p' pyproject.toml)
+LLAMA_WHEELS := $(HOME)/.cache/edgeflow/wheels/llama-cpp-$(shell printf '%s' "$(LLAMA_CPP_PIN) $(LLAMA_CMAKE_ARGS) $$(uname -m)" | sha256sum | cut -c1-12)
+
 $(VENV)/.installed-test: $(VENV)/.installed
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(UV) pip install -q --python $(PY) -e '.[test]'
+	ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
+	  CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip wheel -q --no-deps "$(LLAMA_CPP_PIN)" -w $(LLAMA_WHEELS)
+	$(UV) pip install -q --python $(PY) --find-links $(LLAMA_WHEELS) -e '.[test]'
 	touch $@
 
 venv: $(VENV)/.installed
@@ -50,12 +57,13 @@ demo: services
 
 # --durations: the slowest tests in every run's log, where CI time goes (BENCHMARKS.md, "CI from a fresh clone").
 # Two pytest workers (pytest-xdist): the two end-to-end modules (tests/flows/test_release_e2e.py, test_multihost.py)
-# spend ~40 % of their time waiting on their servers, workers and stage processes, with the 2 cores ~60 % busy, so
-# they run side by side, each whole on one worker (its services are module fixtures: --dist loadgroup), and the
-# unit tests fill in. PYTEST_WORKERS=0 runs everything in this one process, in file order.
+# wait much of their time on their servers, workers and stage processes (one release test alone kept the 2 cores
+# about 60 % busy), so they run side by side, each file whole on one worker (--dist loadfile: its services are
+# module fixtures), started first (tests/conftest.py orders them; --no-loadscope-reorder keeps that order), and the
+# other files fill in. PYTEST_WORKERS=0 runs everything in this one process.
 PYTEST_WORKERS ?= 2
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 down:
 	@test -x $(PY) && $(PY) scripts/services.py down || true

@@ -272,51 +272,12 @@ def step_gptq(args) -> dict:
 # gate: torch half on CUDA vs CPU, engine half (cpu_native) per GPTQ checkpoint
 # ---------------------------------------------------------------------------------------------------------------
 
-def device_scorer(device):
-    """HFScorer (tasks.evaluation.reference) with its model and inputs on `device`; outputs back on the CPU."""
-    import torch
-
-    from tasks.evaluation import reference as ref
-
-    class DeviceScorer(ref.HFScorer):
-        def __init__(self, model_dir: Path):
-            super().__init__(model_dir)
-            self.model.to(device)
-
-        def __call__(self, ids):
-            with torch.no_grad():
-                return self.model(input_ids=torch.tensor([ids], device=device)).logits[0].float().cpu().numpy()
-
-        def with_hidden(self, ids):
-            with torch.no_grad():
-                o = self.model(input_ids=torch.tensor([ids], device=device), output_hidden_states=True)
-            return o.logits[0].float().cpu().numpy(), [h[0].float().cpu().numpy() for h in o.hidden_states[1:]]
-
-        def greedy(self, ids, max_new_tokens, stop_token_ids):
-            out, past, x = [], None, torch.tensor([ids], device=device)
-            with torch.no_grad():
-                for _ in range(max_new_tokens):
-                    o = self.model(input_ids=x, past_key_values=past, use_cache=True)
-                    past, token = o.past_key_values, int(o.logits[0, -1].argmax())
-                    if token in stop_token_ids:
-                        break
-                    out.append(token)
-                    x = torch.tensor([[token]], device=device)
-            return out
-
-    return DeviceScorer
-
-
 def reference_on(device, teacher: Path, quantized: dict[str, Path], seqs, prompts, gate, speed, stops):
-    """compute_reference with its scorers on `device` (the module's HFScorer swapped for the call)."""
+    """compute_reference with its scorers (the FP model and the fake-quantized twins) on `device`."""
     from tasks.evaluation import reference as ref
 
-    original = ref.HFScorer
-    ref.HFScorer = device_scorer(device)
-    try:
-        return ref.compute_reference(teacher, quantized, seqs, prompts, gate.greedy_tokens, gate.reference_top_k, speed, stops)
-    finally:
-        ref.HFScorer = original
+    return ref.compute_reference(teacher, quantized, seqs, prompts, gate.greedy_tokens, gate.reference_top_k, speed, stops,
+                                 device=str(device))
 
 
 def compare_references(a, b) -> dict[str, Any]:

@@ -12,6 +12,15 @@ tune()  # as in every stage process (flows/__init__.py): before torch loads, so 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]
+# The two end-to-end modules, first: `make test` runs two pytest workers, each taking whole files (--dist loadfile,
+# in this order: --no-loadscope-reorder), so these two start at once, one per worker, and the other files fill in
+# behind them. Each is one unit because its servers, workers and hosts are module fixtures its tests build on.
+RUN_FIRST = ("tests/flows/test_release_e2e.py", "tests/flows/test_multihost.py")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    rank = {path: i for i, path in enumerate(RUN_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(RUN_FIRST)))  # stable: file order otherwise
 
 
 @pytest.fixture(scope="session")

@@ -47,22 +47,32 @@ def device_fingerprint() -> dict[str, Any]:
     }
 
 
+def int_from_env(name: str, *, lo: int, hi: int | None = None, meaning: str) -> int | None:
+    """An integer setting from the environment: None when unset or empty, else its value within [lo, hi]; anything
+    else is refused naming the variable, its value, the range and what the number means."""
+    value = os.environ.get(name)
+    if not value:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = None
+    if number is None or number < lo or (hi is not None and number > hi):
+        bound = f"from {lo} to {hi}" if hi is not None else f"of at least {lo}"
+        raise ValueError(f"{name}={value!r}: must be an integer {bound} ({meaning})")
+    return number
+
+
 def threads_from_env() -> int:
     """Engine threads: $EDGEFLOW_ENGINE_THREADS, else every CPU this process may run on.
 
     Left unset, onnxruntime-genai's session ran decode on one thread here (2-core EPYC: 41 tok/s
     unset, 40 with 1 thread, 71 with 2 on the 10-layer int4 student), so the count is always set.
     """
-    value = os.environ.get(THREADS_ENV)
-    if not value:
-        try:
-            return len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            return os.cpu_count() or 1
+    threads = int_from_env(THREADS_ENV, lo=1, meaning="engine threads")
+    if threads is not None:
+        return threads
     try:
-        threads = int(value)
-    except ValueError:
-        threads = 0
-    if threads < 1:
-        raise ValueError(f"{THREADS_ENV}={value!r}: must be a positive integer (engine threads)")
-    return threads
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1

@@ -73,7 +73,7 @@ from tasks.engines.checkpoint import (
     read_config,
     weight_schemes,
 )
-from tasks.engines.cpu_host import ISA_FLAGS, cpu_flags as _cpu_flags, device_fingerprint, threads_from_env
+from tasks.engines.cpu_host import ISA_FLAGS, cpu_flags as _cpu_flags, device_fingerprint, int_from_env, threads_from_env
 from tasks.engines.hooks import device_memory_used, device_utilization  # noqa: F401  (backend API: CPU defaults)
 from tasks.engines.sampling import EPSILON, GREEDY, PARAMETERS, Sampler, SamplingParams, Token, excluded_mass_bound
 
@@ -538,17 +538,9 @@ def load(engine_dir: Path) -> NativeSession:
 
 def spin_us_from_env() -> int:
     """$EDGEFLOW_ENGINE_SPIN_US (0: workers sleep at once), else SPIN_US_DEFAULT."""
-    value = os.environ.get(SPIN_ENV)
-    if not value:
-        return SPIN_US_DEFAULT
-    try:
-        spin = int(value)
-    except ValueError:
-        spin = -1
-    if not 0 <= spin <= 1_000_000:
-        raise ValueError(f"{SPIN_ENV}={value!r}: must be an integer from 0 to 1000000 (microseconds an idle engine "
-                         f"thread spins before it sleeps; default {SPIN_US_DEFAULT})")
-    return spin
+    spin = int_from_env(SPIN_ENV, lo=0, hi=1_000_000,
+                        meaning=f"microseconds an idle engine thread spins before it sleeps; default {SPIN_US_DEFAULT}")
+    return SPIN_US_DEFAULT if spin is None else spin
 
 
 class _Decoder:

@@ -11,6 +11,7 @@ engine directory" and "built by another backend" are worded once.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -113,3 +114,39 @@ def copy_engine(src: Path, dst: Path) -> EngineMeta:
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns(ENGINE_JSON), dirs_exist_ok=True)
     shutil.copy2(Path(src) / ENGINE_JSON, dst / ENGINE_JSON)
     return meta
+
+
+def _token_id(engine_dir: Path, token: Any) -> int | None:
+    """Id of a special token given as a string or an AddedToken dict, from tokenizer.json."""
+    if isinstance(token, dict):
+        token = token.get("content")
+    path = Path(engine_dir) / "tokenizer.json"
+    if not isinstance(token, str) or not path.exists():
+        return None
+    tok = json.loads(path.read_text())
+    for added in tok.get("added_tokens", []):
+        if added.get("content") == token:
+            return int(added["id"])
+    vocab = (tok.get("model") or {}).get("vocab") or {}
+    return int(vocab[token]) if isinstance(vocab, dict) and token in vocab else None
+
+
+def special_token_ids(engine_dir: Path) -> tuple[int | None, int | None]:
+    """(end_id, pad_id) of the tokenizer files an engine directory carries: generation_config.json, else
+    tokenizer_config.json + tokenizer.json; pad falls back to end. The TensorRT runtimes take them as numbers."""
+    engine_dir = Path(engine_dir)
+    gen, tok = {}, {}
+    with contextlib.suppress(OSError, ValueError):
+        gen = json.loads((engine_dir / "generation_config.json").read_text())
+    with contextlib.suppress(OSError, ValueError):
+        tok = json.loads((engine_dir / "tokenizer_config.json").read_text())
+    end = gen.get("eos_token_id")
+    if isinstance(end, list):
+        end = end[0] if end else None
+    if end is None:
+        end = _token_id(engine_dir, tok.get("eos_token"))
+    pad = gen.get("pad_token_id")
+    if pad is None:
+        pad = _token_id(engine_dir, tok.get("pad_token"))
+    end = int(end) if end is not None else None
+    return end, (int(pad) if pad is not None else end)

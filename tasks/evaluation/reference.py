@@ -38,33 +38,42 @@ REFERENCE_FORMAT = 1
 
 
 class HFScorer:
-    """Teacher-forced logits from a transformers checkpoint: dense, or compressed-tensors as its fake-quantized twin."""
+    """Teacher-forced logits from a transformers checkpoint: dense, or compressed-tensors as its fake-quantized twin.
+    The model and its inputs live on `device` (the CPU, or CUDA for scripts/gpu_check.py); outputs come back as numpy."""
 
-    def __init__(self, model_dir: Path):
+    def __init__(self, model_dir: Path, device: str = "cpu"):
         from tasks.engines.checkpoint import load_dequantized
 
+        self.device = device
         self.model = load_dequantized(model_dir)
+        if device != "cpu":
+            self.model.to(device)
+
+    def _ids(self, ids: list[int]):
+        import torch
+
+        return torch.tensor([ids], device=self.device)
 
     def __call__(self, ids: list[int]) -> np.ndarray:
         import torch
 
         with torch.no_grad():
-            return self.model(input_ids=torch.tensor([ids])).logits[0].float().numpy()
+            return self.model(input_ids=self._ids(ids)).logits[0].float().cpu().numpy()
 
     def with_hidden(self, ids: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
         """Logits and every decoder layer's output hidden states ([len, hidden] each), from one forward pass."""
         import torch
 
         with torch.no_grad():
-            out = self.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
-        return out.logits[0].float().numpy(), [h[0].float().numpy() for h in out.hidden_states[1:]]
+            out = self.model(input_ids=self._ids(ids), output_hidden_states=True)
+        return out.logits[0].float().cpu().numpy(), [h[0].float().cpu().numpy() for h in out.hidden_states[1:]]
 
     def greedy(self, ids: list[int], max_new_tokens: int, stop_token_ids: list[int]) -> list[int]:
         """Greedy continuation with a KV cache, stopping before a stop token (as the engines do)."""
         import torch
 
         out: list[int] = []
-        past, x = None, torch.tensor([ids])
+        past, x = None, self._ids(ids)
         with torch.no_grad():
             for _ in range(max_new_tokens):
                 o = self.model(input_ids=x, past_key_values=past, use_cache=True)
@@ -72,7 +81,7 @@ class HFScorer:
                 if token in stop_token_ids:
                     break
                 out.append(token)
-                x = torch.tensor([[token]])
+                x = self._ids([token])
         return out
 
 
@@ -109,13 +118,13 @@ class Reference:
 
 def compute_reference(reference_dir: Path, quantized: dict[str, Path], seqs: list[list[int]], prompts: list[list[int]],
                       greedy_tokens: int, k: int, speed_prompt: list[int], stop_token_ids: list[int],
-                      meta: dict | None = None) -> Reference:
-    """Run the FP student (and each quantized checkpoint's fake-quantized twin) over the eval sequences."""
+                      meta: dict | None = None, device: str = "cpu") -> Reference:
+    """Run the FP student (and each quantized checkpoint's fake-quantized twin) over the eval sequences, on `device`."""
     from tasks.evaluation.metrics import LayerError, log_softmax
     from tasks.progress import LoopProgress
 
-    reference = HFScorer(reference_dir)
-    fakeq = {name: HFScorer(path) for name, path in quantized.items()}
+    reference = HFScorer(reference_dir, device)
+    fakeq = {name: HFScorer(path, device) for name, path in quantized.items()}
     layer_error = {name: LayerError() for name in quantized}
     ids_k, lp_k, tails, targets, fq_arg = [], [], [], [], {name: [] for name in quantized}
     progress = LoopProgress(f"gate reference (FP + {len(fakeq)} fake-quantized)", len(seqs) + len(prompts), "sequences")

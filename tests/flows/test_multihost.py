@@ -40,9 +40,7 @@ PROMETHEUS_PORT = os.environ.get("EDGEFLOW_TEST_MH_PROMETHEUS_PORT", "9291")
 GROUP = "edgeflow-hosts"
 PROFILE = "configs/test-multihost.yaml"
 PREFECT_PORT, MLFLOW_PORT = os.environ.get("EDGEFLOW_TEST_MH_PREFECT_PORT", "4330"), os.environ.get("EDGEFLOW_TEST_MH_MLFLOW_PORT", "5085")
-# One xdist worker runs this whole module (its hosts, servers and fleet are module fixtures; `make test` runs two).
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("multihost"),
-              pytest.mark.skipif(os.geteuid() != 0, reason="creates Linux users (needs root)")]
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="creates Linux users (needs root)")]
 
 
 def user(pool: str) -> str:

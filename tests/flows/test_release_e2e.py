@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-# One xdist worker runs this whole module: its tests share the module's services and build on each other's releases.
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("release-e2e")]
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")

@@ -45,6 +45,7 @@ import numpy as np
 
 from tasks.engines import EngineIncompatibleError
 from tasks.engines import engine_dir as edir
+from tasks.engines.engine_dir import special_token_ids  # re-exported: the backend's package lists it
 from tasks.engines.edge_llm.device import check_compatible
 from tasks.engines.edge_llm.plan import edge_llm_src_dir
 from tasks.engines.sampling import SamplingParams
@@ -80,40 +81,6 @@ def sampler_fields(sampling: SamplingParams | None, vocab_size: int) -> dict[str
     if top_k == 0 and top_p >= 1.0:
         top_k = int(vocab_size)  # no truncation, expressed as a top-k the sampler accepts
     return {"temperature": float(sampling.temperature), "top_k": top_k, "top_p": top_p}
-
-
-def _token_id(engine_dir: Path, token: Any) -> int | None:
-    if isinstance(token, dict):
-        token = token.get("content")
-    path = Path(engine_dir) / "tokenizer.json"
-    if not isinstance(token, str) or not path.exists():
-        return None
-    tok = json.loads(path.read_text())
-    for added in tok.get("added_tokens", []):
-        if added.get("content") == token:
-            return int(added["id"])
-    vocab = (tok.get("model") or {}).get("vocab") or {}
-    return int(vocab[token]) if isinstance(vocab, dict) and token in vocab else None
-
-
-def special_token_ids(engine_dir: Path) -> tuple[int | None, int | None]:
-    """(end_id, pad_id) from generation_config.json, else tokenizer_config.json + tokenizer.json; pad falls back to end."""
-    engine_dir = Path(engine_dir)
-    gen, tok = {}, {}
-    with contextlib.suppress(OSError, ValueError):
-        gen = json.loads((engine_dir / "generation_config.json").read_text())
-    with contextlib.suppress(OSError, ValueError):
-        tok = json.loads((engine_dir / "tokenizer_config.json").read_text())
-    end = gen.get("eos_token_id")
-    if isinstance(end, list):
-        end = end[0] if end else None
-    if end is None:
-        end = _token_id(engine_dir, tok.get("eos_token"))
-    pad = gen.get("pad_token_id")
-    if pad is None:
-        pad = _token_id(engine_dir, tok.get("pad_token"))
-    end = int(end) if end is not None else None
-    return end, (int(pad) if pad is not None else end)
 
 
 def prompt_text(tokenizer: Any, input_ids: list[int]) -> str:
