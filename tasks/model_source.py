@@ -147,9 +147,14 @@ def teacher_dir(profile: Profile) -> Path:
         return Path(cfg.path)
     # One conversion at a time per work directory: two processes resolving the teacher at once (a worker's stages, the
     # test suite's workers) would otherwise both fetch and convert into the same temporary paths.
+    # A work directory this process may not write (a read-only mount of a converted teacher) is read without the lock.
     lock = profile.work / "models" / ".teacher.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a") as held:
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        held = open(lock, "a")
+    except OSError:
+        return _teacher_dir_locked(profile, cfg)
+    with held:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)
         return _teacher_dir_locked(profile, cfg)
 
