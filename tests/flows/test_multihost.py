@@ -186,6 +186,9 @@ def hosts(teacher_dir):
                    "EDGEFLOW_MLFLOW_PORT": MLFLOW_PORT, "EDGEFLOW_SCHEDULES": "off", "EDGEFLOW_WORKERS": "off",
                    "EDGEFLOW_RESULT_STORAGE": str(BASE / "results")}
     subprocess.run([sys.executable, "scripts/services.py", "down"], cwd=REPO, env=os.environ | servers_env, check=False)
+    from tests.flows.test_release_e2e import clear_stale_servers
+
+    clear_stale_servers(PREFECT_PORT, MLFLOW_PORT)
     shutil.rmtree(BASE, ignore_errors=True)
     (BASE / "logs").mkdir(parents=True)
     BASE.chmod(0o755)

@@ -13,6 +13,29 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
 
 
+def clear_stale_servers(*ports: str) -> None:
+    """Stop a Prefect or MLflow server that still listens on one of these test ports after `services.py down`: one a
+    killed earlier session left behind, whose store may be gone. `up` would take it for this session's (it answers)
+    and every call would fail against its missing store. Anything else on the port fails the fixture, naming it."""
+    import signal
+
+    import psutil
+
+    for conn in psutil.net_connections("tcp"):
+        if conn.status != "LISTEN" or str(conn.laddr.port) not in ports or conn.pid is None:
+            continue
+        proc = psutil.Process(conn.pid)
+        cmdline = " ".join(proc.cmdline())
+        if not any(s in cmdline for s in ("prefect server start", "mlflow server", "mlflow.server", "uvicorn", "gunicorn")):
+            pytest.fail(f"test port {conn.laddr.port} is held by pid {conn.pid} ({cmdline[:200]}); stop it or set the "
+                        "EDGEFLOW_TEST_*_PORT variables")
+        try:
+            os.killpg(os.getpgid(conn.pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        psutil.wait_procs([proc], timeout=10)
+
+
 @pytest.fixture(scope="module")
 def services(tmp_path_factory, teacher_dir):
     """Real Prefect server + process workers for a100/orin/cpu + MLflow server, on test ports."""
@@ -25,6 +48,7 @@ def services(tmp_path_factory, teacher_dir):
     }
     # a fresh store per session: assertions count versions and aliases
     subprocess.run([sys.executable, "scripts/services.py", "down"], cwd=REPO, env=os.environ | env, check=False)
+    clear_stale_servers(env["EDGEFLOW_PREFECT_PORT"], env["EDGEFLOW_MLFLOW_PORT"])
     subprocess.run(["rm", "-rf", str(home)], check=True)
     subprocess.run([sys.executable, "scripts/services.py", "up"], cwd=REPO, env=os.environ | env, check=True)
     sys.path.insert(0, str(REPO / "scripts"))
