@@ -9,7 +9,8 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: demo test down pools services venv clean
 
-# Two installs into one venv: what `make demo` runs (torch, the pipeline, cpu_native), then what `make test` adds
+# Two installs into one venv: what `make demo` runs (torch, the pipeline, cpu_native, the `demo` extra's OpenAI client),
+# then what `make test` adds
 # (the `test` extra: pytest, Playwright, linters, and llama-cpp-python for the llama_cpp engine).
 # llama-cpp-python compiles llama.cpp from its sdist (about 5 min on 2 cores), once per machine: the wheel is kept in
 # ~/.cache/edgeflow/wheels (below), so a later install, a fresh clone's included, takes seconds. x86: the ISA cpu_native is compiled for (AVX2, FMA, F16C), not
@@ -30,7 +31,7 @@ UV := $(VENV)/bin/uv
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0 uv==0.13.9
-	$(UV) pip install -q --python $(PY) -e .
+	$(UV) pip install -q --python $(PY) -e '.[demo]'
 	touch $@
 
 # llama-cpp-python's wheel, built once per machine and build options into edgeflow's wheel cache: uv re-downloads

@@ -12,7 +12,9 @@ from tasks.config import VariantConfig
 from tasks.runs import ReleaseContext, content_key, stage_run
 
 
-@task(cache_key_fn=content_key, persist_result=True)
+# log_prints off: `datasets` fingerprints the calibration set with dill, which disassembles functions and reads the
+# listing back from a captured stdout; the flow's log_prints turned every listing line into a log record instead.
+@task(cache_key_fn=content_key, persist_result=True, log_prints=False)
 def quantize_variant(
     student: ArtifactRef, calibration: ArtifactRef, variant: VariantConfig, recipe: dict, ctx: ReleaseContext,
     attempt: int = 0, slot: int = 0,
