@@ -34,7 +34,7 @@ from tasks.config import REPO_ROOT, load_profile  # noqa: E402
 from tasks.evaluation.gate import tokenize  # noqa: E402
 from tasks.evaluation.reference import HFScorer  # noqa: E402
 from tasks.evaluation.metrics import Accumulator, log_softmax  # noqa: E402
-from tasks.model_source import ensure_teacher  # noqa: E402
+from tasks.model_source import teacher_dir  # noqa: E402
 from tasks.quantize import load_recipe, quantize  # noqa: E402
 from tasks.textdata import load_texts  # noqa: E402
 
@@ -64,7 +64,7 @@ def main() -> None:
     a = ap.parse_args()
 
     profile = load_profile(REPO_ROOT / "configs" / "demo-cpu.yaml")
-    teacher = ensure_teacher(profile).path
+    teacher = teacher_dir(profile)
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(teacher)
