@@ -24,27 +24,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from tasks.config import REPO_ROOT, load_profile  # noqa: E402
+from tasks.distill.student import keep_layers  # noqa: E402
 from tasks.model_source import teacher_dir  # noqa: E402
 from tasks.quantize import load_recipe, quantize  # noqa: E402
 
 DROPPED = range(12, 18)
+SAMPLES = 64  # calibration sequences generated; a run uses the first n
+RECIPES = REPO_ROOT / "deployments" / "recipes"
 
 
 def student_cut(teacher: Path, out: Path) -> Path:
-    """The teacher without layers 12-17, saved once under `out`."""
+    """The teacher without layers 12-17 (the distill stage's keep_layers), saved once under `out`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if (out / "config.json").exists():
         return out
     model = AutoModelForCausalLM.from_pretrained(teacher, dtype=torch.float32)
-    keep = [i for i in range(model.config.num_hidden_layers) if i not in DROPPED]
-    model.model.layers = torch.nn.ModuleList([model.model.layers[i] for i in keep])
-    for i, layer in enumerate(model.model.layers):
-        layer.self_attn.layer_idx = i
-    model.config.num_hidden_layers = len(keep)
-    if getattr(model.config, "layer_types", None):
-        model.config.layer_types = [model.config.layer_types[i] for i in keep]
-    model.save_pretrained(out)
+    keep_layers(model, [i for i in range(model.config.num_hidden_layers) if i not in DROPPED]).save_pretrained(out)
     AutoTokenizer.from_pretrained(teacher).save_pretrained(out)
     return out
 
@@ -57,18 +53,18 @@ def main() -> None:
     a = ap.parse_args()
     runs = [r.partition(":")[::2] for r in a.runs]
     for (name, n), run in zip(runs, a.runs):
-        if not n.isdigit() or not 1 <= int(n) <= 64:
-            ap.error(f"run {run!r}: write recipe:samples with samples 1 to 64, e.g. gptq-w8a16-sym:16")
-        if not (REPO_ROOT / "deployments" / "recipes" / f"{name}.yaml").exists():
+        if not n.isdigit() or not 1 <= int(n) <= SAMPLES:
+            ap.error(f"run {run!r}: write recipe:samples with samples 1 to {SAMPLES}, e.g. gptq-w8a16-sym:16")
+        if not (RECIPES / f"{name}.yaml").exists():
             ap.error(f"run {run!r}: no recipe deployments/recipes/{name}.yaml")
     profile = load_profile(REPO_ROOT / a.profile)
     work = REPO_ROOT / a.work
     student = student_cut(teacher_dir(profile), work / "student")
     g = torch.Generator().manual_seed(0)
-    ids = [torch.randint(100, 40000, (256,), generator=g).tolist() for _ in range(64)]
+    ids = [torch.randint(100, 40000, (256,), generator=g).tolist() for _ in range(SAMPLES)]
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}")
     for name, n in runs:
-        recipe = load_recipe(REPO_ROOT / "deployments" / "recipes" / f"{name}.yaml", profile.quantize.recipe_overrides)
+        recipe = load_recipe(RECIPES / f"{name}.yaml", profile.quantize.recipe_overrides)
         start = time.perf_counter()
         quantize(student, recipe, ids[: int(n)], work / f"{name}-{n}")
         print(f"RESULT {name} samples={n} {time.perf_counter() - start:.1f} s", flush=True)

@@ -23,6 +23,7 @@ from tasks.artifacts import sha256_tree  # noqa: E402
 from tasks.engines import EngineIncompatibleError, get_backend  # noqa: E402
 from tasks.engines import cpu_native  # noqa: E402
 from tasks.engines import cpu_host  # noqa: E402
+from tasks.distill.student import keep_layers  # noqa: E402
 
 if not {"avx2", "fma", "f16c"} <= cpu_native._cpu_flags() or shutil.which("cc") is None:
     pytest.skip("cpu_native needs an AVX2/FMA/F16C CPU and a C compiler", allow_module_level=True)
@@ -549,13 +550,7 @@ def test_real_student_parity(tmp_path_factory, record_property) -> None:
     if not teacher or not Path(teacher, "config.json").exists():
         pytest.skip("$EDGEFLOW_TEST_TEACHER does not name a local teacher checkpoint")
     root = tmp_path_factory.mktemp("native_real")
-    model = AutoModelForCausalLM.from_pretrained(teacher, dtype=torch.float32)
-    model.model.layers = torch.nn.ModuleList([model.model.layers[i] for i in (0, 15, 29)])
-    for i, layer in enumerate(model.model.layers):
-        layer.self_attn.layer_idx = i
-    model.config.num_hidden_layers = 3
-    if getattr(model.config, "layer_types", None):
-        model.config.layer_types = model.config.layer_types[:3]
+    model = keep_layers(AutoModelForCausalLM.from_pretrained(teacher, dtype=torch.float32), [0, 15, 29])
     model.save_pretrained(root / "dense")
     tok = AutoTokenizer.from_pretrained(teacher)
     tok.save_pretrained(root / "dense")

@@ -23,6 +23,7 @@ from tasks.artifacts import sha256_tree  # noqa: E402
 from tasks.engines import EngineIncompatibleError, get_backend  # noqa: E402
 from tasks.engines import cpu_onnx  # noqa: E402
 from tasks.engines.checkpoint import WeightScheme, write_gptq_int4  # noqa: E402
+from tasks.distill.student import keep_layers  # noqa: E402
 
 TEACHER_ENV = "EDGEFLOW_TEST_TEACHER"
 KEEP_LAYERS = (0, 15, 29)  # a layer-dropped student, like the pipeline's (same widths, 3 layers)
@@ -70,13 +71,7 @@ def checkpoints(cpu_teacher: Path, tmp_path_factory) -> dict[str, Path]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     root = tmp_path_factory.mktemp("cpu_onnx_ckpt")
-    model = AutoModelForCausalLM.from_pretrained(cpu_teacher, dtype=torch.float32)
-    model.model.layers = torch.nn.ModuleList([model.model.layers[i] for i in KEEP_LAYERS])
-    for i, layer in enumerate(model.model.layers):
-        layer.self_attn.layer_idx = i
-    model.config.num_hidden_layers = len(KEEP_LAYERS)
-    if getattr(model.config, "layer_types", None):
-        model.config.layer_types = model.config.layer_types[: len(KEEP_LAYERS)]
+    model = keep_layers(AutoModelForCausalLM.from_pretrained(cpu_teacher, dtype=torch.float32), KEEP_LAYERS)
     dense = root / "dense"
     model.save_pretrained(dense)
     AutoTokenizer.from_pretrained(cpu_teacher).save_pretrained(dense)

@@ -23,6 +23,7 @@ from tasks.engines import EngineIncompatibleError, get_backend  # noqa: E402
 from tasks.engines import llama_cpp  # noqa: E402
 from tasks.engines.checkpoint import InexactWeights, layer, load_dequantized, load_tensors, split_tensors  # noqa: E402
 from tasks.engines.sampling import SamplingParams  # noqa: E402
+from tasks.distill.student import keep_layers  # noqa: E402
 
 KEEP_LAYERS = (0, 15, 29)
 PROMPTS = ("What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.")
@@ -52,13 +53,7 @@ def lc_checkpoints(lc_teacher: Path, tmp_path_factory) -> dict[str, Path]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     root = tmp_path_factory.mktemp("llama_cpp_ckpt")
-    model = AutoModelForCausalLM.from_pretrained(lc_teacher, dtype=torch.float32)
-    model.model.layers = torch.nn.ModuleList([model.model.layers[i] for i in KEEP_LAYERS])
-    for i, lyr in enumerate(model.model.layers):
-        lyr.self_attn.layer_idx = i
-    model.config.num_hidden_layers = len(KEEP_LAYERS)
-    if getattr(model.config, "layer_types", None):
-        model.config.layer_types = model.config.layer_types[: len(KEEP_LAYERS)]
+    model = keep_layers(AutoModelForCausalLM.from_pretrained(lc_teacher, dtype=torch.float32), KEEP_LAYERS)
     dense = root / "dense"
     model.save_pretrained(dense)
     AutoTokenizer.from_pretrained(lc_teacher).save_pretrained(dense)
