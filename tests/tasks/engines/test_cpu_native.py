@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -525,7 +526,11 @@ def test_a_dropped_session_stops_its_threads(engines, monkeypatch) -> None:
     gc.collect()
     before = _team_threads()
     session = cpu_native.load(engines["asym"])
-    ours = _team_threads() - before  # an earlier test's session may still be collected meanwhile: count only ours
+    # Only ours: an earlier test's session may be collected meanwhile. A worker names itself once it runs (q4.c),
+    # which on a busy box can be after load returns, so wait a while for both names.
+    deadline = time.monotonic() + 10
+    while len(ours := _team_threads() - before) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert session.threads == 3 and len(ours) == 2  # the caller is the team's third thread
     list(cpu_native.generate(session, _prompts()[0], 4, []))
     session._scheduler.thread.join(timeout=10)
