@@ -6,7 +6,8 @@
 
 Ports and places come from the environment: EDGEFLOW_HOME (.edgeflow), EDGEFLOW_PREFECT_PORT (4200),
 EDGEFLOW_MLFLOW_PORT (5055), EDGEFLOW_POOLS (a100,orin,cpu); EDGEFLOW_SCHEDULES=off pauses every
-deployment schedule after deploying (the tests' services); EDGEFLOW_WORKERS=off starts the servers, pools and
+deployment schedule after deploying (the tests' services); EDGEFLOW_SERVERS_NICE (10) is the niceness the Prefect
+and MLflow servers run at, so stage processes on the same box get the cores first; EDGEFLOW_WORKERS=off starts the servers, pools and
 deployments but no worker (each host starts its own: README, "Running across hosts").
 
 Flow runs send a heartbeat every PREFECT_FLOWS_HEARTBEAT_FREQUENCY (30 s), and `up` creates the automation
@@ -39,6 +40,14 @@ if str(REPO) not in sys.path:  # run as `python scripts/services.py`: sys.path[0
     sys.path.append(str(REPO))
 
 from tasks.processes import alive, read_pid, spawn_detached, stop_groups  # noqa: E402 - needs REPO on sys.path
+
+# The Prefect and MLflow servers start at this niceness (EDGEFLOW_SERVERS_NICE overrides it; workers keep the default,
+# since the stage processes they start inherit theirs). On a box that also computes, the servers' polling and
+# bookkeeping (Prefect's server alone: 7 % of a core idle, 17 % with the demo's progress view polling it) took
+# turns on the cores torch's two threads wait on each other across: one GPTQ W8A16 quantization (16 samples, the
+# demo's student, a worker thread, 2-core AMD EPYC) took 45 s with the servers at 0 and 37 s at 10
+# (BENCHMARKS.md, "Services at a lower priority"). A request still gets the core when the stages leave one idle.
+SERVERS_NICE = 10
 
 # How `down` stops a group: SIGINT first (Prefect workers exit cleanly on it and are slow on SIGTERM), then harder.
 DOWN_STEPS = ((signal.SIGINT, 10.0), (signal.SIGTERM, 10.0), (signal.SIGKILL, 2.0))
@@ -141,9 +150,22 @@ def _answers(url: str) -> bool:
         return False
 
 
-def _spawn(name: str, cmd: list[str], env: dict[str, str], home: Path) -> int:
+def servers_nice() -> int:
+    """EDGEFLOW_SERVERS_NICE, checked: the niceness the Prefect and MLflow servers start at."""
+    raw = os.environ.get("EDGEFLOW_SERVERS_NICE", str(SERVERS_NICE))
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 19:
+        raise SystemExit(f"EDGEFLOW_SERVERS_NICE={raw!r}: must be an integer from 0 (the stages' priority) to 19; "
+                         f"unset it for the default {SERVERS_NICE}")
+    return value
+
+
+def _spawn(name: str, cmd: list[str], env: dict[str, str], home: Path, nice: int = 0) -> int:
     # Own session: survives the shell that ran `make demo`, and `down` can signal the whole group.
-    return spawn_detached(cmd, home / "logs" / f"{name}.log", home / "run" / f"{name}.pid", REPO, os.environ | env)
+    return spawn_detached(cmd, home / "logs" / f"{name}.log", home / "run" / f"{name}.pid", REPO, os.environ | env, nice)
 
 
 def _wait(url: str, timeout: float, name: str, home: Path) -> None:
@@ -162,9 +184,11 @@ def up() -> None:
     env = service_env(s)
     prefect_health = f"http://127.0.0.1:{s['prefect_port']}/api/health"
     mlflow_health = f"http://127.0.0.1:{s['mlflow_port']}/health"
+    nice = servers_nice()
     started = []
     if not _answers(prefect_health):
-        _spawn("prefect-server", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", s["prefect_port"]], env, home)
+        _spawn("prefect-server", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", s["prefect_port"]], env, home,
+               nice)
         started.append(("prefect-server", prefect_health))
     if not _answers(mlflow_health):
         (home / "mlflow").mkdir(parents=True, exist_ok=True)
@@ -172,7 +196,7 @@ def up() -> None:
             str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", s["mlflow_port"],
             "--backend-store-uri", f"sqlite:///{home / 'mlflow' / 'mlflow.db'}",
             "--artifacts-destination", str(home / "mlflow" / "artifacts"), "--workers", "1",
-        ], env, home)
+        ], env, home, nice)
         started.append(("mlflow-server", mlflow_health))
     for name, url in started:
         _wait(url, 180, name, home)

@@ -22,15 +22,21 @@ from pathlib import Path
 TERM_THEN_KILL: tuple[tuple[int, float], ...] = ((signal.SIGTERM, 20.0), (signal.SIGKILL, 0.0))
 
 
-def spawn_detached(cmd: list[str], log: Path, pidfile: Path, cwd: Path, env: dict[str, str] | None = None) -> int:
+def spawn_detached(cmd: list[str], log: Path, pidfile: Path, cwd: Path, env: dict[str, str] | None = None,
+                   nice: int = 0) -> int:
     """Start `cmd` in its own session, stdout and stderr appended to `log`, its pid written to `pidfile`; returns the pid.
 
-    `env`: the child's whole environment (None: this process's).
+    `env`: the child's whole environment (None: this process's). `nice`: added to the child's niceness before it
+    runs, so it and every thread and process it starts yield the cores to processes at the default priority.
     """
+    if not 0 <= nice <= 19:
+        raise ValueError(f"nice={nice}: must be 0 (this process's priority) to 19 (the lowest); "
+                         "a negative value would need privileges a service does not need")
     log.parent.mkdir(parents=True, exist_ok=True)
     pidfile.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=(lambda: os.nice(nice)) if nice else None)
     pidfile.write_text(f"{proc.pid}\n")
     return proc.pid
 

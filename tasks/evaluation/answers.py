@@ -5,7 +5,8 @@ the repetition figures that tell an answer from a loop.
 
 Each answer is rendered with the engine's own chat template, decoded with the model's sampling defaults
 (generation_config.json, the server's defaults: serving/runtime.py) and a fixed seed, for at most ANSWER_TOKENS
-tokens, on the host that built the engine (the consistency stage). The figures, computed on the answer's words:
+tokens, all five in flight together as concurrent requests are, on the host that built the engine (the consistency
+stage). The figures, computed on the answer's words:
 - `max_trigram_repeats`: how often the most frequent word 3-gram occurs (a fluent 64-token answer: 1 or 2);
 - `distinct_2`: distinct word bigrams / word bigrams (a loop drives it towards 0);
 - `degenerate`: a 3-gram more than twice, or distinct-2 below 0.6, or no words at all.
@@ -49,19 +50,18 @@ def answer_prompts(backend: Any, session: Any, engine_dir: Path) -> list[dict[st
     """Each of PROMPTS answered by one engine session: [{prompt, answer, tokens, figures…}]."""
     from serving.runtime import generation_defaults
     from serving.tokenizer import LightTokenizer
+    from tasks.engines import generate_many
     from tasks.engines.sampling import SamplingParams
 
     tok = LightTokenizer(Path(engine_dir))
     params = SamplingParams(**generation_defaults(engine_dir), seed=SEED)
     stops = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    prompt_ids = [tok(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True))["input_ids"]
+                  for p in PROMPTS]
     out = []
-    for prompt in PROMPTS:
-        text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-        ids = tok(text)["input_ids"]
-        try:
-            new = list(backend.generate(session, ids, ANSWER_TOKENS, stops, params))
-        except ValueError as e:  # the engine refused the prompt (e.g. a test model's vocabulary smaller than its tokenizer's)
-            out.append({"prompt": prompt, "answer": "", "tokens": 0, "error": str(e)} | repetition(""))
+    for prompt, new in zip(PROMPTS, generate_many(backend, session, prompt_ids, ANSWER_TOKENS, stops, params)):
+        if isinstance(new, ValueError):  # the engine refused the prompt (e.g. a test model's vocabulary smaller than its tokenizer's)
+            out.append({"prompt": prompt, "answer": "", "tokens": 0, "error": str(new)} | repetition(""))
             continue
         reply = tok.decode(new).strip()
         out.append({"prompt": prompt, "answer": reply, "tokens": len(new)} | repetition(reply))

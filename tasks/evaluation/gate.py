@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tasks.calibration import allocate
 from tasks.config import GateConfig
-from tasks.engines import get_backend
+from tasks.engines import generate_many, get_backend
 from tasks.evaluation.answers import answer_prompts, summary
 from tasks.evaluation.metrics import Accumulator, greedy_exact_match, log_softmax
 from tasks.evaluation.reference import Reference
@@ -60,8 +60,8 @@ def run_gate(reference: Reference, variants: list[dict], gate: GateConfig, backe
 
     `variants`: dicts with name, engine_dir, size_mb, quantized (bool). Sequences are scored one at a time for all
     engines together, so no full logit tensor set is ever held in memory. Each engine continues the reference's
-    greedy prompts for `gate.greedy_tokens` tokens (greedy exact match). Engine parity compares each engine with its
-    own fake-quantized model's argmax, which the reference half stored. Returns (rows, distributions): per-sequence
+    greedy prompts for `gate.greedy_tokens` tokens (greedy exact match), all in flight together (generate_many).
+    Engine parity compares each engine with its own fake-quantized model's argmax, which the reference half stored. Returns (rows, distributions): per-sequence
     agreement, per-token KL and per-layer hidden-state error per variant, for the plots.
     """
     backend = get_backend(backend_name)
@@ -89,7 +89,10 @@ def run_gate(reference: Reference, variants: list[dict], gate: GateConfig, backe
     for k, v in enumerate(variants, 1):
         m = vs_ref[v["name"]].result()
         m["engine_parity"] = parity[v["name"]][0] / max(parity[v["name"]][1], 1)
-        eng_continuations = [list(backend.generate(sessions[v["name"]], p, gate.greedy_tokens, stop)) for p in prompts]
+        eng_continuations = generate_many(backend, sessions[v["name"]], prompts, gate.greedy_tokens, stop)
+        refused = [(p, e) for p, e in zip(prompts, eng_continuations) if isinstance(e, ValueError)]
+        if refused:
+            raise ValueError(f"engine {v['name']!r} refused greedy prompt {refused[0][0][:8]}…: {refused[0][1]}") from refused[0][1]
         m["greedy_exact_match"] = greedy_exact_match(ref_continuations, eng_continuations) if prompts else None
         m["greedy_prompts"] = len(prompts)
         m |= measure_speed(backend, sessions[v["name"]], speed_prompt)

@@ -68,20 +68,39 @@ class HFScorer:
             out = self.model(input_ids=self._ids(ids), output_hidden_states=True)
         return out.logits[0].float().cpu().numpy(), [h[0].float().cpu().numpy() for h in out.hidden_states[1:]]
 
-    def greedy(self, ids: list[int], max_new_tokens: int, stop_token_ids: list[int]) -> list[int]:
-        """Greedy continuation with a KV cache, stopping before a stop token (as the engines do)."""
+    def greedy(self, prompts: list[list[int]], max_new_tokens: int, stop_token_ids: list[int]) -> list[list[int]]:
+        """Each prompt's greedy continuation, stopping before a stop token (as the engines do), all prompts decoded
+        as one left-padded batch with a KV cache. One batched step reads the weights once for every prompt: the
+        demo's 16 prompts x 32 tokens took 41 s one prompt at a time and a few seconds batched (2-core x86;
+        BENCHMARKS.md "The gate's greedy continuations, batched"). Padding is masked and each row keeps its own
+        positions, so a row's tokens are its unbatched continuation's (tests/tasks/evaluation/test_reference.py)."""
         import torch
 
-        out: list[int] = []
-        past, x = None, self._ids(ids)
+        if not prompts:
+            return []
+        width = max(len(p) for p in prompts)
+        x = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)
+        out: list[list[int]] = [[] for _ in prompts]
+        live = list(range(len(prompts)))
+        stops, past = set(stop_token_ids), None
         with torch.no_grad():
             for _ in range(max_new_tokens):
-                o = self.model(input_ids=x, past_key_values=past, use_cache=True)
-                past, token = o.past_key_values, int(o.logits[0, -1].argmax())
-                if token in stop_token_ids:
+                o = self.model(input_ids=x, attention_mask=mask, position_ids=positions, past_key_values=past, use_cache=True)
+                past, tokens = o.past_key_values, o.logits[:, -1].argmax(-1)
+                for row in list(live):
+                    token = int(tokens[row])
+                    if token in stops:
+                        live.remove(row)
+                    else:
+                        out[row].append(token)
+                if not live:
                     break
-                out.append(token)
-                x = self._ids([token])
+                # finished rows keep decoding their last token (their output is no longer read): the batch stays whole
+                x = tokens[:, None]
+                mask = torch.cat([mask, mask.new_ones((len(prompts), 1))], dim=1)
+                positions = positions[:, -1:] + 1
         return out
 
 
@@ -141,10 +160,8 @@ def compute_reference(reference_dir: Path, quantized: dict[str, Path], seqs: lis
             fq_arg[name].append(fq_logits.argmax(-1).astype(np.int32))
             layer_error[name].add(hidden, fq_hidden)
         progress.update(n)
-    continuations = []
-    for n, p in enumerate(prompts, len(seqs) + 1):
-        continuations.append(reference.greedy(p, greedy_tokens, stop_token_ids))
-        progress.update(n)
+    continuations = reference.greedy(prompts, greedy_tokens, stop_token_ids)
+    progress.update(len(seqs) + len(prompts))
     mass = np.exp(np.concatenate([t[:-1] for t in tails]).astype(np.float64)) if seqs else np.zeros(1)
     info = (meta or {}) | {
         "format": REFERENCE_FORMAT, "top_k": int(min(k, lp_k[0].shape[-1])) if lp_k else k,

@@ -1,9 +1,12 @@
 """Detached processes by pid file: spawned in their own session, stopped by process group."""
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
+
+import pytest
 
 from tasks.processes import alive, read_pid, spawn_detached, stop_group, stop_groups
 
@@ -56,3 +59,24 @@ def test_stopping_several_groups_shares_each_steps_wait(tmp_path):
     took = time.time() - t0
     assert not any(alive(p) for p in pids)
     assert 2.0 <= took < 2.0 * 3, took  # one shared 2 s SIGTERM wait, not one per stubborn group
+
+
+def test_a_niced_spawn_and_the_processes_it_starts_run_at_the_lower_priority(tmp_path):
+    # the child prints its own niceness and its child's: both are the parent's plus 7
+    code = ("import os, subprocess, sys; "
+            "c = subprocess.run([sys.executable, '-c', 'import os; print(os.nice(0))'], capture_output=True, text=True); "
+            "print(os.nice(0), c.stdout.strip(), flush=True)")
+    log = tmp_path / "n.log"
+    pid = spawn_detached([sys.executable, "-c", code], log, tmp_path / "n.pid", tmp_path, nice=7)
+    deadline = time.time() + 30
+    while alive(pid) and time.time() < deadline:
+        time.sleep(0.05)
+    base = os.nice(0)
+    assert log.read_text().split() == [str(min(base + 7, 19))] * 2
+
+
+def test_a_nice_value_outside_what_a_service_may_take_is_refused_before_anything_starts(tmp_path):
+    for bad in (-1, 20):
+        with pytest.raises(ValueError, match=rf"nice={bad}: must be 0 .* to 19"):
+            spawn_detached([sys.executable, "-c", "pass"], tmp_path / "x.log", tmp_path / "x.pid", tmp_path, nice=bad)
+    assert not (tmp_path / "x.pid").exists()

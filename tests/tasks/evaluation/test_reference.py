@@ -117,3 +117,32 @@ def test_engine_side_against_the_stored_reference_equals_the_direct_comparison(t
     part, part_meta = results[8]
     assert part["kl"] <= exact["kl"] + 1e-9 and part_meta["tail_mass_mean"] > 0
     assert part["top1_agreement"] == exact["top1_agreement"] and part["ppl"] == pytest.approx(exact["ppl"])
+
+
+def test_batched_greedy_continuations_are_each_prompts_own_unbatched_continuation(tiny_llama):
+    """Prompts of different lengths decoded as one left-padded batch give, row by row, what decoding each prompt alone
+    without a cache gives, and each row stops before its first stop token while the others go on."""
+    import torch
+
+    from tasks.evaluation.reference import HFScorer
+
+    scorer = HFScorer(tiny_llama)
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(3, 500, size=n).tolist() for n in (3, 11, 6, 1)]
+
+    def alone(ids: list[int], n: int, stops: set[int]) -> list[int]:
+        out: list[int] = []
+        with torch.no_grad():
+            for _ in range(n):
+                token = int(scorer.model(input_ids=torch.tensor([ids + out])).logits[0, -1].argmax())
+                if token in stops:
+                    break
+                out.append(token)
+        return out
+
+    free = [alone(p, 8, set()) for p in prompts]
+    assert scorer.greedy(prompts, 8, []) == free
+    stop = free[1][2]  # the second prompt stops before its third token; the others stop where the token first occurs
+    assert scorer.greedy(prompts, 8, [stop]) == [alone(p, 8, {stop}) for p in prompts]
+    assert [c[: c.index(stop)] if stop in c else c for c in free] == scorer.greedy(prompts, 8, [stop])
+    assert scorer.greedy([], 8, [stop]) == []
