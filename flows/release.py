@@ -19,7 +19,6 @@ from flows.register import register
 from flows.stages import check_placement, run_stage
 from tasks.artifacts import ArtifactRef
 from tasks.config import load_profile
-from tasks.lineage import teacher_of
 from tasks.runs import ReleaseContext
 
 # Defined in flows/chain.py (shared with the nightly); importable from here as before.
@@ -44,6 +43,8 @@ def release(profile: str = "configs/demo-cpu.yaml", deploy: Literal["pool", "inl
     ctx = open_release(profile)
     student = run_stage(ctx, "distill", distill)
     gate_report, calibration, attempts = quantize_and_gate(ctx, student)
+    from tasks.lineage import teacher_of  # here, not at the top: it imports mlflow (3-6 s), which `prefect deploy` need not
+
     teacher = teacher_of(student)
     registry = run_stage(ctx, "register", register, gate_report=gate_report,
                          lineage={"teacher": teacher, "student": student, "calibration": calibration})

@@ -108,16 +108,30 @@ ZOMBIE_AUTOMATION = "edgeflow: crash zombie flow runs"
 ZOMBIE_AFTER_S = 90
 
 
-def ensure_zombie_automation(env: dict[str, str]) -> None:
-    """Create (once) the automation that marks a flow run Crashed when its heartbeats stop, as Prefect documents for
-    self-hosted servers ("Detect zombie flows")."""
+def ensure_pools_and_automation(pools: list[str], env: dict[str, str]) -> None:
+    """Create (once) each work pool (type process) and the automation that marks a flow run Crashed when its
+    heartbeats stop, as Prefect documents for self-hosted servers ("Detect zombie flows"). One Python process does
+    both through Prefect's client: a `prefect work-pool` command per pool took 4.5-6 s each here, most of it
+    importing Prefect."""
     code = f"""
 from datetime import timedelta
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.automations import Automation
 from prefect.client.schemas.objects import StateType
 from prefect.events.actions import ChangeFlowRunState
 from prefect.events.schemas.automations import EventTrigger, Posture
 from prefect.events.schemas.events import ResourceSpecification
+with get_client(sync_client=True) as client:
+    for pool in {pools!r}:
+        try:
+            client.read_work_pool(pool)
+        except ObjectNotFound:
+            try:
+                client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+            except ObjectAlreadyExists:  # another `up` created it meanwhile
+                pass
 name = {ZOMBIE_AUTOMATION!r}
 try:
     Automation.read(name=name)
@@ -140,7 +154,7 @@ except ValueError:
 """
     r = subprocess.run([sys.executable, "-c", code], env=os.environ | env, cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
-        raise SystemExit(f"creating the automation {ZOMBIE_AUTOMATION!r} failed:\n{r.stderr[-2000:]}")
+        raise SystemExit(f"creating the work pools {pools} or the automation {ZOMBIE_AUTOMATION!r} failed:\n{r.stderr[-2000:]}")
 
 
 def _answers(url: str) -> bool:
@@ -200,17 +214,14 @@ def up() -> None:
         started.append(("mlflow-server", mlflow_health))
     for name, url in started:
         _wait(url, 180, name, home)
-    for pool in s["pools"].split(","):
-        r = subprocess.run([str(BIN / "prefect"), "work-pool", "inspect", pool], env=os.environ | env, capture_output=True, cwd=REPO)
-        if r.returncode != 0:
-            subprocess.run([str(BIN / "prefect"), "work-pool", "create", pool, "--type", "process"], env=os.environ | env,
-                           check=True, capture_output=True, cwd=REPO)
+    pools = s["pools"].split(",")
+    ensure_pools_and_automation(pools, env)
+    for pool in pools:
         pidfile = home / "run" / f"worker-{pool}.pid"
         if os.environ.get("EDGEFLOW_WORKERS", "on") == "off":
             continue
         if not (pidfile.exists() and alive(read_pid(pidfile))):
             _spawn(f"worker-{pool}", [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--name", f"local-{pool}"], env, home)
-    ensure_zombie_automation(env)
     r = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env=os.environ | env, cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"prefect deploy --all failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
