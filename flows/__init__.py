@@ -1,5 +1,15 @@
-"""Prefect flows, one per stage. Importing this package tunes the stage process's allocator before torch loads
-(tasks/allocator.py: torch's large CPU blocks reused instead of unmapped, about 20 % off a CPU distillation step)."""
+"""Prefect flows, one per stage. Importing this package prepares the stage process before torch and mlflow load:
+
+- the allocator (tasks/allocator.py: torch's large CPU blocks reused instead of unmapped, about 20 % off a CPU
+  distillation step);
+- MLflow's client telemetry off unless the environment says otherwise (MLFLOW_DISABLE_TELEMETRY). Its background
+  thread sets and unsets the variable _MLFLOW_TELEMETRY_SESSION_ID, and a request that iterated os.environ at that
+  moment (requests reads the proxy variables) failed with KeyError: a release's first MLflow call failed that way
+  when mlflow was imported just before it. A pipeline host also has no business sending usage data out.
+"""
+import os
+
 from tasks.allocator import tune as _tune_allocator
 
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 _tune_allocator()

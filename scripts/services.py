@@ -71,6 +71,7 @@ def service_env(s: dict[str, str] | None = None) -> dict[str, str]:
         "PREFECT_HOME": str(home / "prefect"),
         "PREFECT_API_URL": f"http://127.0.0.1:{s['prefect_port']}/api",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "MLFLOW_DISABLE_TELEMETRY": "true",  # flows/__init__.py says why
         "PREFECT_UI_URL": f"http://127.0.0.1:{s['prefect_port']}",
         # Results persist so that a retried release skips stages whose inputs did not change.
         "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "true",
