@@ -39,7 +39,8 @@ BIN = Path(sys.executable).parent
 if str(REPO) not in sys.path:  # run as `python scripts/services.py`: sys.path[0] is scripts/
     sys.path.append(str(REPO))
 
-from tasks.processes import alive, read_pid, spawn_detached, stop_groups  # noqa: E402 - needs REPO on sys.path
+from tasks.engines.cpu_host import int_from_env  # noqa: E402 - needs REPO on sys.path
+from tasks.processes import MAX_NICE, alive, read_pid, spawn_detached, stop_groups  # noqa: E402
 
 # The Prefect and MLflow servers start at this niceness (EDGEFLOW_SERVERS_NICE overrides it; workers keep the default,
 # since the stage processes they start inherit theirs). On a box that also computes, the servers' polling and
@@ -166,16 +167,13 @@ def _answers(url: str) -> bool:
 
 
 def servers_nice() -> int:
-    """EDGEFLOW_SERVERS_NICE, checked: the niceness the Prefect and MLflow servers start at."""
-    raw = os.environ.get("EDGEFLOW_SERVERS_NICE", str(SERVERS_NICE))
+    """EDGEFLOW_SERVERS_NICE, checked before anything starts: the niceness the Prefect and MLflow servers start at."""
     try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 19:
-        raise SystemExit(f"EDGEFLOW_SERVERS_NICE={raw!r}: must be an integer from 0 (the stages' priority) to 19; "
-                         f"unset it for the default {SERVERS_NICE}")
-    return value
+        value = int_from_env("EDGEFLOW_SERVERS_NICE", lo=0, hi=MAX_NICE,
+                             meaning=f"the servers' niceness, 0 being the stages' own; unset: {SERVERS_NICE}")
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    return SERVERS_NICE if value is None else value
 
 
 def _spawn(name: str, cmd: list[str], env: dict[str, str], home: Path, nice: int = 0) -> int:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 # How a group is stopped by default: SIGTERM (graceful: uvicorn finishes open responses), SIGKILL after 20 s.
 TERM_THEN_KILL: tuple[tuple[int, float], ...] = ((signal.SIGTERM, 20.0), (signal.SIGKILL, 0.0))
+# The lowest priority a process can take; 0 is this process's own (a negative value needs privileges).
+MAX_NICE = 19
 
 
 def spawn_detached(cmd: list[str], log: Path, pidfile: Path, cwd: Path, env: dict[str, str] | None = None,
@@ -29,8 +31,8 @@ def spawn_detached(cmd: list[str], log: Path, pidfile: Path, cwd: Path, env: dic
     `env`: the child's whole environment (None: this process's). `nice`: added to the child's niceness before it
     runs, so it and every thread and process it starts yield the cores to processes at the default priority.
     """
-    if not 0 <= nice <= 19:
-        raise ValueError(f"nice={nice}: must be 0 (this process's priority) to 19 (the lowest); "
+    if not 0 <= nice <= MAX_NICE:
+        raise ValueError(f"nice={nice}: must be 0 (this process's priority) to {MAX_NICE} (the lowest); "
                          "a negative value would need privileges a service does not need")
     log.parent.mkdir(parents=True, exist_ok=True)
     pidfile.parent.mkdir(parents=True, exist_ok=True)

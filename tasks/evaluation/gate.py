@@ -61,8 +61,9 @@ def run_gate(reference: Reference, variants: list[dict], gate: GateConfig, backe
     `variants`: dicts with name, engine_dir, size_mb, quantized (bool). Sequences are scored one at a time for all
     engines together, so no full logit tensor set is ever held in memory. Each engine continues the reference's
     greedy prompts for `gate.greedy_tokens` tokens (greedy exact match), all in flight together (generate_many).
-    Engine parity compares each engine with its own fake-quantized model's argmax, which the reference half stored. Returns (rows, distributions): per-sequence
-    agreement, per-token KL and per-layer hidden-state error per variant, for the plots.
+    Engine parity compares each engine with its own fake-quantized model's argmax, which the reference half stored.
+    Returns (rows, distributions): per-sequence agreement, per-token KL and per-layer hidden-state error per
+    variant, for the plots.
     """
     backend = get_backend(backend_name)
     sessions = {v["name"]: backend.load(Path(v["engine_dir"])) for v in variants}
