@@ -83,7 +83,10 @@ def write_release_report(
     from tasks.runs import tracking_uri
     from tasks.store import materialize
 
+    c = MlflowClient(tracking_uri())
     report = release_report(ctx, student.meta, gate, registry, deployed, attempts)
+    # the parent run's experiment, for a link to the run: a reader of the report needs no MLflow client for it
+    report["mlflow_experiment_id"] = c.get_run(ctx.mlflow_parent_run_id).info.experiment_id
     out = REPORTS_DIR
     out.mkdir(exist_ok=True)
     # the final attempt's plots next to the report, linked from the markdown by relative path
@@ -95,7 +98,6 @@ def write_release_report(
         report["plots"][name] = f"{ctx.release_id}/{ref.name}"
     (out / f"{ctx.release_id}.json").write_text(json.dumps(report, indent=1))
     (out / f"{ctx.release_id}.md").write_text(markdown(report))
-    c = MlflowClient(tracking_uri())
     c.log_artifact(ctx.mlflow_parent_run_id, str(out / f"{ctx.release_id}.json"), "report")
     c.log_artifact(ctx.mlflow_parent_run_id, str(out / f"{ctx.release_id}.md"), "report")
     if report["plots"]:

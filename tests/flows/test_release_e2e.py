@@ -158,6 +158,7 @@ def test_release_deployment_registers_stages_and_serves(services, tmp_path):
     # MLflow: a parent run with a child run per stage, versions with lineage tags, staging alias
     c = MlflowClient(services["MLFLOW_TRACKING_URI"])
     parent = c.get_run(report["mlflow_parent_run_id"])
+    assert report["mlflow_experiment_id"] == parent.info.experiment_id  # what `make demo` links the run with
     children = c.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     stages = {r.data.tags["edgeflow.stage"] for r in children}
     assert {"distill", "calibrate", "quantize-awq-w4a16", "quantize-gptq-w4a16", "build-engine-fp32", "consistency", "register"} <= stages
