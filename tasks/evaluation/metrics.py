@@ -5,10 +5,12 @@ import numpy as np
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Numerically stable log-softmax over the last axis, in float64."""
+    """Numerically stable log-softmax over the last axis, in float64 (in place on one copy: the gate runs it on
+    every engine's [positions, vocabulary] logits)."""
     x = logits.astype(np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    x -= x.max(axis=-1, keepdims=True)
+    x -= np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    return x
 
 
 def top1_agreement(ref: np.ndarray, cand: np.ndarray) -> float:
@@ -32,6 +34,26 @@ def logsumexp_outside(logp: np.ndarray, ids: np.ndarray) -> np.ndarray:
         return shift + np.log(np.exp(rest - shift[:, None]).sum(-1))
 
 
+# Outside mass below which log_mass_outside sums the rest of the vocabulary instead of subtracting: 1 - sum(top-k)
+# in float64 is good to about 1e-15 absolute, so above 1e-6 its relative error stays under 1e-9.
+EXACT_BELOW = 1e-6
+
+
+def log_mass_outside(logp: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """logsumexp_outside for normalized float64 log-probabilities (each row's exp sums to 1): log(1 - sum of the k
+    probabilities), which reads k columns instead of the whole vocabulary. Rows whose outside mass is under
+    EXACT_BELOW, where the subtraction would lose digits, and any other dtype go through logsumexp_outside."""
+    if logp.dtype != np.float64:
+        return logsumexp_outside(logp, ids)
+    ids = ids.astype(np.int64)
+    outside = 1.0 - np.exp(np.take_along_axis(logp, ids, -1)).sum(-1)
+    exact = outside < EXACT_BELOW
+    out = np.log(np.where(exact, 1.0, outside))
+    if exact.any():
+        out[exact] = logsumexp_outside(logp[exact], ids[exact])
+    return out
+
+
 def kl_from_top_k(ref_ids: np.ndarray, ref_logp: np.ndarray, ref_tail_logp: np.ndarray, cand_logp: np.ndarray) -> np.ndarray:
     """KL(p_ref ‖ p_cand) per position when only the reference's top-k is known: the k tokens plus one bucket for
     the rest of the vocabulary on each side. Exact when the top-k holds all of p_ref's mass; otherwise the KL of
@@ -44,7 +66,7 @@ def kl_from_top_k(ref_ids: np.ndarray, ref_logp: np.ndarray, ref_tail_logp: np.n
     ids = ref_ids.astype(np.int64)
     q_logp = np.take_along_axis(cand_logp, ids, -1).astype(np.float64)
     head = (np.exp(ref_logp) * (ref_logp - q_logp)).sum(-1)
-    q_tail_logp = logsumexp_outside(cand_logp, ids)
+    q_tail_logp = log_mass_outside(cand_logp, ids)
     p_tail_logp = ref_tail_logp.astype(np.float64)
     with np.errstate(invalid="ignore"):
         tail = np.where(np.isfinite(p_tail_logp), np.exp(p_tail_logp) * (p_tail_logp - q_tail_logp), 0.0)

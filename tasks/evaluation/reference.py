@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.evaluation.metrics import logsumexp_outside
+from tasks.evaluation.metrics import log_mass_outside
 
 REFERENCE_ARRAYS = "reference.npz"
 REFERENCE_META = "reference.json"
@@ -112,7 +112,7 @@ def top_k(logp: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     vals = np.take_along_axis(logp, idx, -1)
     order = np.lexsort((idx, -vals), axis=-1)
     idx, vals = np.take_along_axis(idx, order, -1), np.take_along_axis(vals, order, -1)
-    return idx.astype(np.int32), vals.astype(np.float32), logsumexp_outside(logp, idx).astype(np.float32)
+    return idx.astype(np.int32), vals.astype(np.float32), log_mass_outside(logp, idx).astype(np.float32)
 
 
 @dataclass

@@ -68,3 +68,25 @@ def test_layer_error_is_relative_and_pooled_over_sequences():
     assert e.result() == pytest.approx([np.sqrt(0.25 * 8 / 16), np.sqrt(0.04 * 8 / 64)])
     with pytest.raises(ValueError):
         e.add(ref, ref[:1])  # a missing layer is an error, not a silent truncation
+
+
+def test_log_mass_outside_matches_the_sum_over_the_rest_of_the_vocabulary():
+    """The gate's fast tail (1 - sum of the k probabilities) against the full sum, on rows from flat to so peaked
+    that the subtraction would lose every digit (those rows take the exact path)."""
+    from tasks.evaluation.metrics import EXACT_BELOW, log_mass_outside, logsumexp_outside
+
+    rng = np.random.default_rng(0)
+    scales = [0.1, 1.0, 5.0, 20.0, 60.0, 400.0]  # logit spread: the last rows put ~all mass on one token
+    logp = log_softmax(np.concatenate([rng.standard_normal((8, 3000)) * s for s in scales]))
+    ids = np.argsort(-logp, axis=-1)[:, :16]
+    exact = logsumexp_outside(logp, ids)
+    fast = log_mass_outside(logp, ids)
+    assert np.allclose(fast, exact, rtol=1e-9, atol=0)
+    outside = np.exp(exact)
+    assert (outside < EXACT_BELOW).any() and (outside > 0.5).any()  # both paths ran
+    assert (outside[outside < EXACT_BELOW] < 1e-12).any()  # where 1 - sum(top-k) is pure rounding noise
+    # every token listed: nothing outside, as logsumexp_outside says
+    all_ids = np.argsort(-logp[:2], axis=-1)
+    assert np.isneginf(log_mass_outside(logp[:2], all_ids)).all()
+    # float32 log-probabilities are not normalized to float64 precision: the exact path
+    assert np.array_equal(log_mass_outside(logp.astype(np.float32), ids), logsumexp_outside(logp.astype(np.float32), ids))
