@@ -182,6 +182,26 @@ def test_int4_kernel_matches_dequantized_weights(checkpoints, sessions) -> None:
         assert np.abs(y - ref).max() > 1e-7 * np.abs(ref).max()  # the activations really are int16 here
 
 
+def test_fp32_kernel_is_x_times_w_for_every_shape_and_the_same_whatever_the_batch(sessions) -> None:
+    """f32_gemm (dense and dequantized weights) against float64, for M = 1..9 and N = 4..28 (tiles of 3 weight rows
+    and the one or two left over, split across the team's threads): every output written, within fp32 summation,
+    and each row's result bitwise the same as that row alone (batching never changes a stream's tokens)."""
+    session = sessions["dense"]
+    rng = np.random.default_rng(0)
+    for n in (4, 8, 12, 20, 28):
+        w = rng.standard_normal((n, 64)).astype(np.float32)
+        x = rng.standard_normal((9, 64)).astype(np.float32)
+        alone = np.full((9, n), np.nan, np.float32)
+        for i in range(9):
+            session.lib.f32_gemm(x[i:i + 1].ctypes.data, 1, 64, n, w.ctypes.data, alone[i:i + 1].ctypes.data, session.team)
+        ref = x.astype(np.float64) @ w.T.astype(np.float64)
+        for m in range(1, 10):
+            y = np.full((m, n), np.nan, np.float32)
+            session.lib.f32_gemm(x[:m].ctypes.data, m, 64, n, w.ctypes.data, y.ctypes.data, session.team)
+            assert np.abs(y - ref[:m]).max() <= 1e-5 * np.abs(ref).max(), (n, m)  # no NaN left: every output written
+            assert np.array_equal(y, alone[:m]), (n, m)
+
+
 # ---------------------------------------------------------------------------------------------
 # 2. exact-argmax head
 # ---------------------------------------------------------------------------------------------
