@@ -246,12 +246,23 @@ def load_dequantized(model_dir: Path) -> torch.nn.Module:
         model_dir, dtype=torch.float32, quantization_config=CompressedTensorsConfig(run_compressed=False)
     )
     del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    missing, _ = model.load_state_dict(q.state_dict(), strict=False)
+    # Built on the meta device and given q's tensors: from_config on the CPU draws every weight at random first
+    # (3.5 s a model for the demo's 24-layer student, all of it thrown away).
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, _ = model.load_state_dict(q.state_dict(), strict=False, assign=True)
     if missing:
         raise RuntimeError(f"{model_dir}: decompressed checkpoint lacks {missing[:3]}")
+    buffers = dict(q.named_buffers())  # non-persistent buffers (the rotary frequencies) are not in a state dict
+    for name, buf in list(model.named_buffers()):
+        if buf.is_meta:
+            owner, _, leaf = name.rpartition(".")
+            model.get_submodule(owner).register_buffer(leaf, buffers[name], persistent=False)
     model.tie_weights()
-    return model
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise RuntimeError(f"{model_dir}: decompressed checkpoint lacks {left[:3]}")
+    return model.eval()
 
 
 
