@@ -22,16 +22,19 @@ else
 LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 endif
 
-# torch first and pinned, with pip: the CPU build (pip takes it from this machine's disk where it lies there; the
-# default torch wheel on PyPI is a multi-GB CUDA one). Then uv installs the pinned rest against it (torch==2.13.0 is
-# already satisfied, so uv keeps it): measured from warm caches on 2 cores, 8 s for uv against 2 min 47 s for pip, the
-# same 182 packages (BENCHMARKS.md, "make demo from a fresh clone"). uv keeps its own cache in ~/.cache/uv.
+# torch pinned, with the rest, by uv: 4 s for torch from uv's cache against 27-34 s for pip from the same wheel on
+# 2 cores (BENCHMARKS.md). The CPU build comes from where pip's configuration finds it (PIP_FIND_LINKS or
+# global.find-links: on this kind of machine a wheel on its disk); uv reads no pip configuration, so those
+# locations are passed on. Without them the torch wheel is PyPI's, a multi-GB CUDA one, for pip as for uv.
+# uv keeps its own cache in ~/.cache/uv.
 UV := $(VENV)/bin/uv
+PIP_LINKS = $(strip $(PIP_FIND_LINKS) $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
+UV_LINKS = $(foreach d,$(sort $(PIP_LINKS)),--find-links $(d))
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q torch==2.13.0 uv==0.13.9
-	$(UV) pip install -q --python $(PY) -e '.[demo]'
+	$(PY) -m pip install -q uv==0.13.9
+	$(UV) pip install -q --python $(PY) $(UV_LINKS) torch==2.13.0 -e '.[demo]'
 	touch $@
 
 # llama-cpp-python's wheel, built once per machine and build options into edgeflow's wheel cache: uv re-downloads
