@@ -103,6 +103,36 @@ def test_a_cached_copy_that_vanished_or_changed_is_fetched_again(run, tmp_path, 
     assert again == first and sha256_tree(again) == ref.sha256  # changed locally: replaced by the store's copy
 
 
+def test_a_verified_cache_entry_is_not_hashed_again_until_a_file_of_it_changes(run, tmp_path, monkeypatch):
+    """Within one process, an entry it seeded or hashed is reused on its files' size, mtime and inode; an edit in
+    place (same size, so only the mtime tells) or a replaced file makes materialize hash it again and fetch a good copy."""
+    import os
+
+    import tasks.store as store
+
+    c, run_id = run
+    ref = store.publish(c, run_id, _tree(tmp_path / "q"), "quantized", "quantized")
+    hashed = []
+    real = store.sha256_tree
+    monkeypatch.setattr(store, "sha256_tree", lambda p: hashed.append(Path(p)) or real(p))
+    first = store.materialize(ref)
+    assert store.materialize(ref) == first and hashed == []  # seeded by publish in this process: trusted as is
+
+    blob = first / "a.bin"
+    st = blob.stat()
+    blob.write_bytes(b"\x01\x00" * 1000)  # the same size, other bytes
+    os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    again = store.materialize(ref)
+    assert hashed and sha256_tree(again) == ref.sha256  # hashed, found changed, fetched from the store
+    hashed.clear()
+    assert store.materialize(ref) == again and hashed == [again]  # a downloaded copy is hashed once more, then trusted
+    assert store.materialize(ref) == again and hashed == [again]
+
+    (again / "sub" / "b.json").unlink()  # replaced by a file of the same size: a new inode
+    (again / "sub" / "b.json").write_text(json.dumps({"k": 2}))
+    assert sha256_tree(store.materialize(ref)) == ref.sha256 and hashed[1] == again  # hashed again, fetched again
+
+
 def test_missing_from_the_store_and_host_paths_are_clear_errors(run, tmp_path, monkeypatch):
     from tasks.store import ArtifactMissing, in_store, materialize, publish
 
