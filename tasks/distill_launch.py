@@ -33,7 +33,8 @@ from typing import Callable
 import torch
 
 from tasks.config import REPO_ROOT, DistillConfig
-from tasks.distill import LogFn, compare_to_teacher, finish_run, load_tokenizer, prepare_dataset, prepare_run, run_distill, train
+from tasks.distill import (LogFn, compare_to_teacher, finish_run, load_tokenizer, prepare_dataset, prepare_run, run_distill,
+                           teacher_logits, train)
 from tasks.runs import MlflowStepLogger
 
 # Output lines of a failed launch quoted in its error.
@@ -274,12 +275,13 @@ def _run_process(spec: dict) -> None:
                           Path(spec["work_dir"]), student_from, log, spec["teacher_sha256"])
         run.teacher.to(device)
         run.student.to(device)
-        before = compare_to_teacher(run.teacher, run.student, run.held_out) if rank == 0 else {}
+        teacher_out = teacher_logits(run.teacher, run.held_out) if rank == 0 else None
+        before = compare_to_teacher(run.teacher, run.student, run.held_out, teacher_out) if rank == 0 else {}
         result = train(run.teacher, run.student, run.data, cfg, run.tokenizer.pad_token_id, layer_map=run.layer_map,
                        checkpoint_dir=run.checkpoint_dir, run_label=run.run_key[:12], log=log, zero_config=spec["zero_config"],
                        teacher_cache=run.teacher_cache)
         if rank == 0:
-            metrics = finish_run(run, before, result, Path(spec["out_dir"])) | {"dataset_cache_hit": spec["dataset_cache_hit"]}
+            metrics = finish_run(run, before, result, Path(spec["out_dir"]), teacher_out) | {"dataset_cache_hit": spec["dataset_cache_hit"]}
             out = Path(spec["result"])
             tmp = out.with_name(out.name + ".tmp")
             tmp.write_text(json.dumps(metrics))

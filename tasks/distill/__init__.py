@@ -15,7 +15,7 @@ Tiny CPU run (services up): python -m flows.release --profile configs/test-tiny.
 from tasks.distill.checkpoints import checkpoint_root, distill_run_key, latest_checkpoint
 from tasks.distill.checks import check_memory_budget, check_same_tokenizer, load_tokenizer, param_ratio
 from tasks.distill.data import TOKEN_SCHEMA, BatchOrder, TokenDataset, build_token_dataset, prepare_dataset
-from tasks.distill.run import compare_to_teacher, finish_run, prepare_run, run_distill
+from tasks.distill.run import compare_to_teacher, finish_run, prepare_run, run_distill, teacher_logits
 from tasks.distill.student import build_student, every_kth, keep_layers, kept_layers, resolve_layer_map
 from tasks.distill.telemetry import TrainingStalled
 from tasks.distill.train import LogFn, train
@@ -24,5 +24,5 @@ __all__ = [
     "TOKEN_SCHEMA", "BatchOrder", "LogFn", "TokenDataset", "TrainingStalled", "build_student", "build_token_dataset",
     "check_memory_budget", "check_same_tokenizer", "checkpoint_root", "compare_to_teacher", "distill_run_key", "every_kth",
     "finish_run", "keep_layers", "kept_layers", "latest_checkpoint", "load_tokenizer", "param_ratio", "prepare_dataset",
-    "prepare_run", "resolve_layer_map", "run_distill", "train",
+    "prepare_run", "resolve_layer_map", "run_distill", "teacher_logits", "train",
 ]

@@ -24,15 +24,36 @@ from tasks.distill.teacher_cache import CacheSpec, TeacherCache, bytes_per_token
 from tasks.distill.train import DistillResult, LogFn, default_device, precision_label, train
 
 
+# The teacher's held-out logits are kept (in host memory) for the comparisons before and after training when they fit
+# in this many bytes: the CPU demo's 24 sequences of <= 128 tokens over a 49,152-token vocabulary are about 600 MB, and
+# the teacher pass they spare 8-10 s of its release. A production vocabulary at 2,048 tokens needs tens of GB: there
+# the teacher runs once per comparison, as before.
+KEEP_TEACHER_LOGITS_BYTES = 1 << 30
+
+
 @torch.no_grad()
-def compare_to_teacher(teacher, student, seqs: list[list[int]]) -> dict[str, float]:
-    """Held-out top-1 agreement of student with teacher, mean KL(teacher ‖ student), and both perplexities."""
+def teacher_logits(teacher, seqs: list[list[int]]) -> list[torch.Tensor] | None:
+    """The teacher's logits on each held-out sequence (float32, on the CPU) for compare_to_teacher, or None when they
+    would take more than KEEP_TEACHER_LOGITS_BYTES (each comparison then runs the teacher itself)."""
+    if sum(len(s) - 1 for s in seqs) * teacher.config.vocab_size * 4 > KEEP_TEACHER_LOGITS_BYTES:
+        return None
+    device = next(teacher.parameters()).device
+    return [teacher(input_ids=torch.tensor([s], device=device), use_cache=False).logits[0, :-1].float().cpu() for s in seqs]
+
+
+@torch.no_grad()
+def compare_to_teacher(teacher, student, seqs: list[list[int]], teacher_out: list[torch.Tensor] | None = None) -> dict[str, float]:
+    """Held-out top-1 agreement of student with teacher, mean KL(teacher ‖ student), and both perplexities.
+    teacher_out: teacher_logits(teacher, seqs) when kept, else None (the teacher runs here)."""
     agree = total = 0
     nll_t = nll_s = kl = 0.0
     device = next(student.parameters()).device
-    for s in seqs:
+    for i, s in enumerate(seqs):
         ids = torch.tensor([s], device=device)
-        lt = teacher(input_ids=ids, use_cache=False).logits[0, :-1].float()
+        if teacher_out is not None:
+            lt = teacher_out[i].to(device)
+        else:
+            lt = teacher(input_ids=ids, use_cache=False).logits[0, :-1].float()
         ls = student(input_ids=ids, use_cache=False).logits[0, :-1].float()
         target = ids[0, 1:]
         agree += int((lt.argmax(-1) == ls.argmax(-1)).sum())
@@ -149,10 +170,12 @@ def prepare_run(teacher_dir: Path, cfg: DistillConfig, corpora: list[Path], eval
                        checkpoint_root(work_dir, run_key), cache, cfg.generation_defaults)
 
 
-def finish_run(run: PreparedRun, before: dict[str, float], result: DistillResult, out_dir: Path) -> dict:
-    """Evaluate the trained student against the teacher, save it (with the tokenizer and a manifest) to out_dir,
-    drop the run's checkpoints, and return run_distill's metrics."""
-    after = compare_to_teacher(run.teacher, run.student, run.held_out)
+def finish_run(run: PreparedRun, before: dict[str, float], result: DistillResult, out_dir: Path,
+               teacher_out: list[torch.Tensor] | None = None) -> dict:
+    """Evaluate the trained student against the teacher (teacher_out: its held-out logits, when kept since the
+    comparison before training), save it (with the tokenizer and a manifest) to out_dir, drop the run's
+    checkpoints, and return run_distill's metrics."""
+    after = compare_to_teacher(run.teacher, run.student, run.held_out, teacher_out)
     run.student.to("cpu")
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -192,7 +215,8 @@ def run_distill(teacher_dir: Path, cfg: DistillConfig, corpora: list[Path], eval
     device = default_device()  # the device cache_spec resolved the teacher-output namespace's precision for
     run.teacher.to(device)
     run.student.to(device)
-    before = compare_to_teacher(run.teacher, run.student, run.held_out)
+    teacher_out = teacher_logits(run.teacher, run.held_out)
+    before = compare_to_teacher(run.teacher, run.student, run.held_out, teacher_out)
     result = train(run.teacher, run.student, run.data, cfg, run.tokenizer.pad_token_id, layer_map=run.layer_map,
                    checkpoint_dir=run.checkpoint_dir, run_label=run.run_key[:12], log=log, teacher_cache=run.teacher_cache)
-    return finish_run(run, before, result, out_dir)
+    return finish_run(run, before, result, out_dir, teacher_out)

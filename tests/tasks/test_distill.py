@@ -626,3 +626,22 @@ def test_mixed_precision_runs_the_forward_passes_in_bf16_and_keeps_the_weights_f
     assert seen == {"off": {torch.float32}, "bf16": {torch.bfloat16}}
     with pytest.raises(ValueError, match="mixed_precision"):
         DistillConfig(mixed_precision="fp16")
+
+
+def test_held_out_comparison_from_kept_teacher_logits_equals_running_the_teacher(tiny_llama, monkeypatch):
+    """The comparisons before and after training share one teacher pass when its logits fit the budget: the metrics
+    are bitwise those of running the teacher each time; over the budget nothing is kept."""
+    import tasks.distill.run as run_mod
+
+    teacher, student, _ = _tiny_pair(tiny_llama, DistillConfig(keep_layers=[0, 1]))
+    seqs = _seqs(6)
+    kept = run_mod.teacher_logits(teacher, seqs)
+    assert [t.shape for t in kept] == [(len(s) - 1, teacher.config.vocab_size) for s in seqs]
+    assert run_mod.compare_to_teacher(teacher, student, seqs, kept) == run_mod.compare_to_teacher(teacher, student, seqs)
+    with torch.no_grad():  # a changed student still reads the same teacher side
+        for p in student.parameters():
+            p.mul_(0.9)
+    assert run_mod.compare_to_teacher(teacher, student, seqs, kept) == run_mod.compare_to_teacher(teacher, student, seqs)
+    need = sum(len(s) - 1 for s in seqs) * teacher.config.vocab_size * 4
+    monkeypatch.setattr(run_mod, "KEEP_TEACHER_LOGITS_BYTES", need - 1)
+    assert run_mod.teacher_logits(teacher, seqs) is None
