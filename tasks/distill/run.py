@@ -25,9 +25,9 @@ from tasks.distill.train import DistillResult, LogFn, default_device, precision_
 
 
 # The teacher's held-out logits are kept (in host memory) for the comparisons before and after training when they fit
-# in this many bytes: the CPU demo's 24 sequences of <= 128 tokens over a 49,152-token vocabulary are about 600 MB, and
-# the teacher pass they spare 8-10 s of its release. A production vocabulary at 2,048 tokens needs tens of GB: there
-# the teacher runs once per comparison, as before.
+# in this many bytes: the CPU demo's 24 sequences of <= 128 tokens over a 49,152-token vocabulary are about 600 MB,
+# and they spare one of its two teacher passes (the two comparisons took 41 s of the demo's release, BENCHMARKS.md).
+# A production vocabulary at 2,048 tokens needs tens of GB: there the teacher runs once per comparison, as before.
 KEEP_TEACHER_LOGITS_BYTES = 1 << 30
 
 

@@ -303,10 +303,10 @@ void q4i_gemm(const float* x, int M, int K, int N, const uint16_t* w, const floa
 
 // ---------------------------------------------------------------------------------------------- fp32
 // MM activation rows times R weight rows: MM * R accumulators, MM activation vectors and one weight vector live in
-// registers. 4 x 3 (17 of AVX2's 16 ymm registers, the weight vector reloaded) ran 1.4-1.6x faster than 4 x 4 (21,
-// spilling) on one core of the 2-core AMD EPYC box, 16 rows, K 576/1536: 101-104 against 66-71 GFLOP/s (3 x 4: 91-104,
-// 3 x 3: 92-97, 6 x 2: 80-85). Each output is the same sum in the same order whatever the tiling: results are
-// bitwise the same as the 4 x 4 kernel's.
+// registers. 4 x 3 (17 vectors for AVX2's 16 ymm registers) against the 4 x 4 before it (21, spilling), with the
+// team's 2 threads on the 2-core AMD EPYC box: 86-96 against 46-62 GFLOP/s at 16 and 128 rows (python
+// benchmarks/kernels.py; BENCHMARKS.md). Each output is the same sum in the same order whatever the tiling: results
+// are bitwise the same as the 4 x 4 kernel's.
 #define DEFINE_F32(MM, R)                                                                                    \
 static void f32_rows_##MM##_##R(const float* x, int K, int N, const float* w, float* y, int n0) {         \
     __m256 a[MM][R];                                                                                         \
