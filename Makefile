@@ -23,7 +23,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 endif
 
 # torch pinned, with the rest, by uv: the demo's install took 9 s this way and 41 s with pip installing torch from the
-# same wheel, on 2 cores (BENCHMARKS.md, "Under 15 minutes"). The CPU build comes from where pip's configuration finds it (PIP_FIND_LINKS or
+# same wheel, on 2 cores (BENCHMARKS.md, "The demo's time on the AMD EPYC box"). The CPU build comes from where pip's configuration finds it (PIP_FIND_LINKS or
 # global.find-links: on this kind of machine a wheel on its disk); uv reads no pip configuration, so those
 # locations are passed on. Without them the torch wheel is PyPI's, a multi-GB CUDA one, for pip as for uv.
 # uv keeps its own cache in ~/.cache/uv.
