@@ -8,10 +8,19 @@ student's 24 layers and shapes, without distilling one first. Calibration: 256-t
 (the time does not depend on the text). Each `recipe:n` argument times `tasks.quantize.quantize` with
 deployments/recipes/<recipe>.yaml, the demo profile's recipe overrides and the first n sequences: load, oneshot,
 save compressed, weight errors, as the quantize stage runs it. Prints one RESULT line per argument.
+
+Where the stage's thread matters (the demo's inline stages share one process, distill first):
+
+    python benchmarks/quantize_time.py gptq-w4a16-sym:64 --train-steps 8            # distill's thread, after training
+    python benchmarks/quantize_time.py gptq-w4a16-sym:64 --train-steps 8 --thread   # a new thread, as a mapped task
+
+--train-steps runs that many AdamW steps of the student (bf16 autocast, 4 x 128 tokens, as distill does) in the
+main thread first; --thread runs each quantization in a new thread, as Prefect's task runner runs a mapped task.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import platform
 import sys
@@ -45,11 +54,29 @@ def student_cut(teacher: Path, out: Path) -> Path:
     return out
 
 
+def train(student: Path, steps: int) -> None:
+    """`steps` AdamW steps of the student on random ids under bf16 autocast, in this thread (what distill leaves)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(student, dtype=torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x = torch.randint(100, 40000, (4, 128), generator=g)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="recipe:samples, e.g. gptq-w8a16-sym:16")
     ap.add_argument("--profile", default="configs/demo-cpu.yaml")
     ap.add_argument("--work", default=".edgeflow/bench-quantize-time")
+    ap.add_argument("--train-steps", type=int, default=0, help="training steps in the main thread before the runs")
+    ap.add_argument("--thread", action="store_true", help="run each quantization in a new thread")
     a = ap.parse_args()
     runs = [r.partition(":")[::2] for r in a.runs]
     for (name, n), run in zip(runs, a.runs):
@@ -63,11 +90,19 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     ids = [torch.randint(100, 40000, (256,), generator=g).tolist() for _ in range(SAMPLES)]
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}")
+    if a.train_steps:
+        train(student, a.train_steps)
+    where = "a new thread" if a.thread else "the main thread"
     for name, n in runs:
         recipe = load_recipe(RECIPES / f"{name}.yaml", profile.quantize.recipe_overrides)
         start = time.perf_counter()
-        quantize(student, recipe, ids[: int(n)], work / f"{name}-{n}")
-        print(f"RESULT {name} samples={n} {time.perf_counter() - start:.1f} s", flush=True)
+        if a.thread:
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                pool.submit(quantize, student, recipe, ids[: int(n)], work / f"{name}-{n}").result()
+        else:
+            quantize(student, recipe, ids[: int(n)], work / f"{name}-{n}")
+        print(f"RESULT {name} samples={n} {time.perf_counter() - start:.1f} s in {where} "
+              f"after {a.train_steps} training steps", flush=True)
 
 
 if __name__ == "__main__":

@@ -61,11 +61,18 @@ def quantize(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef
     refs: list[ArtifactRef] = []
     for start in range(0, len(variants), p.quantize.max_parallel):
         batch = slice(start, start + p.quantize.max_parallel)
-        futures = quantize_variant.map(
-            unmapped(student), unmapped(calibration), variants[batch], recipes[batch], unmapped(ctx), unmapped(attempt),
-            list(range(len(variants[batch]))),
-        )
-        for i, ref in enumerate(futures.result()):
+        if p.quantize.max_parallel == 1:
+            # One at a time: in this thread, not in the task runner's. Inline stages share one process, and after
+            # distill has trained here, oneshot in a new thread ran a third slower than in this one (gptq-w4a16 on 64
+            # sequences: 130 s against 99 s, benchmarks/quantize_time.py --train-steps 8 [--thread]; in the demo
+            # 96-107 s, against 60-70 s alone). BENCHMARKS.md "Quantization in the flow's thread".
+            done = [quantize_variant(student, calibration, variants[start], recipes[start], ctx, attempt, 0)]
+        else:
+            done = quantize_variant.map(
+                unmapped(student), unmapped(calibration), variants[batch], recipes[batch], unmapped(ctx),
+                unmapped(attempt), list(range(len(variants[batch]))),
+            ).result()
+        for i, ref in enumerate(done):
             # a cached result whose checkpoint the store lost is quantized again
             refs.append(refreshed_if_missing(ref, quantize_variant, student, calibration, variants[start + i],
                                              recipes[start + i], ctx, attempt, i))

@@ -334,7 +334,7 @@ class QuantizeConfig(_Strict):
     max_parallel: int = Field(
         default=1, ge=1, le=16,
         description="Variants quantized at once as mapped tasks on one worker; with CUDA each takes GPU (slot mod device count). "
-        "Keep 1 on CPU, where parallel variants only share the same cores.",
+        "Keep 1 on CPU, where parallel variants only share the same cores: 1 runs them one after another in the stage's own thread.",
     )
     fallback_variants: list[VariantConfig] = Field(
         default_factory=list,
