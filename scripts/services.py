@@ -205,11 +205,14 @@ def up() -> None:
         started.append(("prefect-server", prefect_health))
     if not _answers(mlflow_health):
         (home / "mlflow").mkdir(parents=True, exist_ok=True)
+        # No MLflow job runner: edgeflow submits no MLflow jobs (GenAI scorers, trace rollups), and the runner's seven
+        # huey consumer processes took 3 CPU-seconds each to start (21 in all, 2-core AMD EPYC), on the cores the
+        # Prefect server, the deploy and the release's first stage start on.
         _spawn("mlflow-server", [
             str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", s["mlflow_port"],
             "--backend-store-uri", f"sqlite:///{home / 'mlflow' / 'mlflow.db'}",
             "--artifacts-destination", str(home / "mlflow" / "artifacts"), "--workers", "1",
-        ], env, home, nice)
+        ], env | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, home, nice)
         started.append(("mlflow-server", mlflow_health))
     for name, url in started:
         _wait(url, 180, name, home)
