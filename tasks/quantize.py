@@ -161,8 +161,13 @@ def quantize(
         {"input_ids": calibration_ids, "attention_mask": [[1] * len(x) for x in calibration_ids]}
     )
     max_len = max(len(x) for x in calibration_ids)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
     # llm-compressor keeps its compression session in a thread-local that falls back to one global
     # session; a fresh session per call keeps mapped variants running in threads of one worker apart.
+    # The save stays inside it: save_pretrained writes the session's recipe as recipe.yaml (what the
+    # TensorRT-LLM and Edge-LLM plans read the algorithm from); outside, that was the empty global
+    # session's, or none at all in a thread that did not import llm-compressor.
     with create_session():
         oneshot(
             model=model,
@@ -173,10 +178,8 @@ def quantize(
             max_seq_length=max_len,
             shuffle_calibration_samples=False,
         )
-    model = model.to("cpu")
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, save_compressed=True)
+        model = model.to("cpu")
+        model.save_pretrained(tmp, save_compressed=True)
     tokenizer.save_pretrained(tmp)  # the engine build copies it next to the engine
     write_manifest(tmp)
     shutil.rmtree(out_dir, ignore_errors=True)

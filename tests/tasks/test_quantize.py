@@ -61,6 +61,24 @@ def test_mixed_recipe_keeps_attention_at_8_bits_and_mlp_at_4(tiny_llama, tmp_pat
     assert again == pytest.approx(err)
 
 
+def test_the_checkpoint_records_its_recipe_whichever_thread_quantizes(tiny_llama, tmp_path):
+    """recipe.yaml next to the weights names the modifier that ran (the TensorRT-LLM and Edge-LLM plans read the
+    algorithm from it), in the thread that imported llm-compressor and in another (a mapped task's)."""
+    import concurrent.futures
+
+    import llmcompressor  # noqa: F401  imported in this thread before the run in another
+
+    from tasks.engines.tensorrt_llm.plan import recipe_algorithm
+
+    ids = [[(7 * i + j) % 500 + 1 for j in range(32)] for i in range(4)]
+    quantize(tiny_llama, load_recipe(RECIPES / "rtn-w4a16-asym.yaml"), ids, tmp_path / "here")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(quantize, tiny_llama, load_recipe(RECIPES / "gptq-w4a16-sym.yaml"), ids, tmp_path / "there").result()
+    assert recipe_algorithm(tmp_path / "here") == "rtn"
+    assert recipe_algorithm(tmp_path / "there") == "gptq"
+    assert "QuantizationModifier" in (tmp_path / "here" / "recipe.yaml").read_text()
+
+
 def test_overrides_patch_only_the_named_modifier():
     r = load_recipe(RECIPES / "awq-w4a16-asym.yaml", {"AWQModifier": {"n_grid": 3}})
     mods = r["quant_stage"]["quant_modifiers"]
