@@ -7,7 +7,7 @@ PROFILE ?= configs/demo-cpu.yaml
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test down pools services venv clean
+.PHONY: demo test test-all test-durations down pools services venv clean
 
 # Two installs into one venv: what `make demo` runs (torch, the pipeline, cpu_native, the `demo` extra's OpenAI client),
 # then what `make test` adds
@@ -59,15 +59,28 @@ demo: services
 	set -a; eval "$$($(PY) scripts/services.py env | sed 's/^export //')"; set +a; \
 	$(PY) scripts/demo.py --profile $(PROFILE)
 
-# --durations: the slowest tests in every run's log, where CI time goes (BENCHMARKS.md, "CI from a fresh clone").
+# Two tiers of one suite (README, "Tests: what runs where"): `make test`, what CI runs, leaves out the tests marked
+# `extended` (pyproject.toml: the ones that do not fit CI's budget on the slowest 2-core box); `make test-all` runs
+# every test, the same ones, nothing lighter. Both write pytest's JUnit XML to $(TEST_RESULTS) and tests/conftest.py
+# writes the machine beside it: `make test-durations` prints seconds per file and per test from them.
+# --durations: the slowest tests in every run's log too.
 # Two pytest workers (pytest-xdist): the two end-to-end modules (tests/flows/test_release_e2e.py, test_multihost.py)
 # wait much of their time on their servers, workers and stage processes (one release test alone kept the 2 cores
 # about 60 % busy), so they run side by side, each file whole on one worker (--dist loadfile: its services are
 # module fixtures), started first (tests/conftest.py orders them; --no-loadscope-reorder keeps that order), and the
 # other files fill in. PYTEST_WORKERS=0 runs everything in this one process.
 PYTEST_WORKERS ?= 2
+TEST_RESULTS := .edgeflow/test-results
+PYTEST = $(PY) -m pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	--junitxml=$(TEST_RESULTS)/junit.xml
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PYTEST) -m "not extended" $(PYTEST_ARGS)
+
+test-all: $(VENV)/.installed-test
+	$(PYTEST) $(PYTEST_ARGS)
+
+test-durations:
+	@$(PY) scripts/test_durations.py --xml $(TEST_RESULTS)/junit.xml $(DURATIONS_ARGS)
 
 down:
 	@test -x $(PY) && $(PY) scripts/services.py down || true

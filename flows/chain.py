@@ -32,7 +32,10 @@ def run_deploy_on_pool(profile: str, alias: str) -> dict:
     """Deploy through the `deploy-edge` deployment, so it runs on the `orin` pool's worker."""
     from prefect.deployments import run_deployment
 
-    fr = run_deployment("deploy-edge/deploy-edge", parameters={"profile": profile, "alias": alias}, timeout=None)
+    from flows.stages import POLL_S
+
+    fr = run_deployment("deploy-edge/deploy-edge", parameters={"profile": profile, "alias": alias}, timeout=None,
+                        poll_interval=POLL_S)
     if not fr.state.is_completed():
         raise RuntimeError(f"deploy-edge flow run {fr.id} ended {fr.state.type.value}: {fr.state.message}")
     return fr.state.result()

@@ -29,9 +29,11 @@ class RolloutBreach(RuntimeError):
 def _run_on_device(deployment: str, device: str, parameters: dict, timeout: float) -> dict:
     from prefect.deployments import run_deployment
 
+    from flows.stages import POLL_S
     from tasks.fleet.device import queue_name
 
-    fr = run_deployment(deployment, parameters=parameters, work_queue_name=queue_name(device), timeout=timeout)
+    fr = run_deployment(deployment, parameters=parameters, work_queue_name=queue_name(device), timeout=timeout,
+                        poll_interval=POLL_S)
     if not fr.state.is_completed():
         raise RuntimeError(f"{deployment.split('/')[0]} on {device} (flow run {fr.id}) ended {fr.state.type.value}: "
                            f"{fr.state.message or 'no answer within rollout.deploy_timeout_s'}")

@@ -18,6 +18,22 @@ REPO = Path(__file__).resolve().parents[1]
 RUN_FIRST = ("tests/flows/test_release_e2e.py", "tests/flows/test_multihost.py")
 
 
+def pytest_configure(config) -> None:
+    """Beside the run's JUnit XML (`make test` and `make test-all` write one), the machine it ran on: CPU model, ISA
+    flags, cores and pytest workers, which scripts/test_durations.py (`make test-durations`) prints with the times."""
+    xml = getattr(config.option, "xmlpath", None)
+    if not xml or hasattr(config, "workerinput"):  # once, in the controller (pytest-xdist workers have workerinput)
+        return
+    import json
+
+    from tasks.engines.cpu_host import device_fingerprint
+
+    facts = device_fingerprint() | {"workers": getattr(config.option, "numprocesses", None) or 0,
+                                    "markers": config.getoption("markexpr") or ""}
+    Path(xml).parent.mkdir(parents=True, exist_ok=True)
+    Path(xml).with_name("machine.json").write_text(json.dumps(facts, indent=1) + "\n")
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     rank = {path: i for i, path in enumerate(RUN_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(RUN_FIRST)))  # stable: file order otherwise

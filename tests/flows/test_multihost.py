@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.flows.test_release_e2e import run_deployment  # polls every second
+
 REPO = Path(__file__).resolve().parents[2]
 # Outside the checkout: a clone may sit under a directory other users cannot enter (/root). /var/tmp is 1777.
 BASE = Path(os.environ.get("EDGEFLOW_TEST_HOSTS_DIR", "/var/tmp/edgeflow-hosts"))
@@ -269,7 +271,6 @@ def test_a_release_across_three_hosts_runs_each_stage_on_its_pool_and_serves_fro
     import httpx
     import psutil
     from mlflow import MlflowClient
-    from prefect.deployments import run_deployment
 
     from tasks.config import load_profile
     from tests.flows.test_release_e2e import stage_flow_runs
@@ -344,7 +345,6 @@ def test_a_stage_killed_mid_build_resumes_on_retry_without_rerunning_upstream_st
     from mlflow import MlflowClient
     from prefect.client.orchestration import get_client
     from prefect.states import AwaitingRetry
-    from prefect.deployments import run_deployment
 
     from tests.flows.test_release_e2e import stage_flow_runs
 
@@ -377,7 +377,7 @@ def test_a_stage_killed_mid_build_resumes_on_retry_without_rerunning_upstream_st
     deadline = time.monotonic() + 600  # the zombie automation needs ~90 s without heartbeats
     run = asyncio.run(read(fr.id))
     while time.monotonic() < deadline and not run.state.is_final():
-        time.sleep(5)
+        time.sleep(1)
         run = asyncio.run(read(fr.id))
     assert run.state.is_failed(), run.state
     release_id = c.get_run(building.info.run_id).data.tags["edgeflow.release_id"]
@@ -396,7 +396,7 @@ def test_a_stage_killed_mid_build_resumes_on_retry_without_rerunning_upstream_st
     deadline = time.monotonic() + 1500
     run = asyncio.run(read(fr.id))
     while time.monotonic() < deadline and not (run.state.is_final() and run.run_count >= 2):
-        time.sleep(5)
+        time.sleep(1)
         run = asyncio.run(read(fr.id))
     assert run.state.is_completed(), f"retried release ended {run.state.type}: {run.state.message}"
     after = {r.info.run_id: r for r in _stage_runs(c, release_id)}
@@ -523,7 +523,6 @@ PORTS = {"orin-a": 8775, "orin-b": DEVICE_B["deploy"]["port"]}
 def test_devices_register_with_their_facts_and_a_targeted_deploy_runs_on_the_named_device(fleet):
     import psutil
     from mlflow import MlflowClient
-    from prefect.deployments import run_deployment
 
     from tasks.fleet.inventory import read_inventory
 
@@ -570,7 +569,6 @@ def _rollout_waves(flow_run_id) -> list[str]:
 
 def test_a_good_candidate_goes_canary_first_then_the_rest_and_production_moves(fleet):
     from mlflow import MlflowClient
-    from prefect.deployments import run_deployment
 
     c = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     serving = c.get_model_version_by_alias("edgeflow-multihost", "staging").version  # on both devices, not yet production
@@ -598,12 +596,12 @@ def test_a_good_candidate_goes_canary_first_then_the_rest_and_production_moves(f
     assert rollouts[0].data.tags["edgeflow.rollout_status"] == "completed" and rollouts[0].info.status == "FINISHED"
 
 
+@pytest.mark.extended  # `make test-all` only: README, "Tests: what runs where"
 def test_a_candidate_that_degrades_on_the_device_stops_at_the_canary_and_rolls_back(fleet):
     """The version passed the gate and every registry check; on orin-a it answers wrongly (the server's chaos flag,
     set for that version in the device's own config). The canary's probe catches it: orin-a is rolled back, orin-b is
     never touched, `production` does not move, and no client request fails on either device."""
     from mlflow import MlflowClient
-    from prefect.deployments import run_deployment
 
     c = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     production = c.get_model_version_by_alias("edgeflow-multihost", "production").version
@@ -637,12 +635,12 @@ def test_a_candidate_that_degrades_on_the_device_stops_at_the_canary_and_rolls_b
     assert _rollout_waves(fr.id) == ["wave 0: ['orin-a']"]
 
 
+@pytest.mark.extended  # `make test-all` only: README, "Tests: what runs where"
 def test_both_devices_ship_their_logs_and_the_nightly_counts_each_devices_lines(fleet):
     """The rollouts' client traffic is in each device's access log, cut into segments every 5 s. Each device's own
     ship-logs deployment (created by its worker, on its queue) takes them home; a second run ships nothing twice; the
     nightly reads the shipped segments from the store and counts each device's lines."""
     import yaml
-    from prefect.deployments import run_deployment
 
     time.sleep(6)  # the segment timer cuts the lines of the last test
     shipped = {}
@@ -675,8 +673,8 @@ def test_both_devices_ship_their_logs_and_the_nightly_counts_each_devices_lines(
     assert night["traffic"]["per_device"] == shipped, (night["traffic"], shipped)
 
 
+@pytest.mark.extended  # `make test-all` only: README, "Tests: what runs where"
 def test_a_worker_with_other_code_refuses_the_stage_naming_both_versions(hosts):
-    from prefect.deployments import run_deployment
 
     orin = hosts["orin"]
     orin.stop()

@@ -13,6 +13,14 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
 
 
+def run_deployment(name: str, **kwargs):
+    """Prefect's run_deployment, polling the flow run's state every second: its default, 5 s, adds 2.5 s on average to
+    every call a test waits on (flows/stages.py polls the stages at POLL_S for the same reason)."""
+    from prefect.deployments import run_deployment as run
+
+    return run(name, **({"poll_interval": 1} | kwargs))
+
+
 def clear_stale_servers(*ports: str) -> None:
     """Stop a Prefect or MLflow server that still listens on one of these test ports after `services.py down`: one a
     killed earlier session left behind, whose store may be gone. `up` would take it for this session's (it answers)
@@ -100,7 +108,6 @@ def test_release_deployment_registers_stages_and_serves(services, tmp_path):
     import mlflow.artifacts
     from mlflow import MlflowClient
     from openai import OpenAI
-    from prefect.deployments import run_deployment
 
     from tasks.config import load_profile
 
@@ -276,7 +283,6 @@ def test_bad_rollouts_under_load_never_break_serving_and_good_ones_switch_withou
     throughout and `staging` unmoved; a good rollout and a rollback switch the stable port with zero failed requests."""
     import yaml
     from mlflow import MlflowClient
-    from prefect.deployments import run_deployment
 
     from tasks.config import load_profile
     from tasks.deploy import read_state
@@ -354,7 +360,6 @@ def test_a_placement_the_server_cannot_honour_fails_before_any_compute(services,
 
     import yaml
     from mlflow import MlflowClient
-    from prefect.deployments import run_deployment
 
     data = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
     data["placement"].update(placement)
@@ -367,13 +372,13 @@ def test_a_placement_the_server_cannot_honour_fails_before_any_compute(services,
     assert not c.search_runs([exp.experiment_id], f"tags.`edgeflow.prefect_flow_run_id` = '{fr.id}'")  # nothing started
 
 
+@pytest.mark.extended  # `make test-all` only: README, "Tests: what runs where"
 def test_an_unchanged_rerun_is_cached_and_an_edited_recipe_recomputes_exactly_what_reads_it(services, tmp_path):
     """Stage cache keys hold the content of what a stage reads, not where it lies: the release on a copy of its recipe
     elsewhere is fully cached; editing that copy in place recomputes the variant's quantization and what depends on
     it, and nothing else."""
     import yaml
     from mlflow import MlflowClient
-    from prefect.deployments import run_deployment
 
     recipe = tmp_path / "gptq.yaml"
     recipe.write_text((REPO / "deployments" / "recipes" / "gptq-w4a16-sym.yaml").read_text())
@@ -397,10 +402,10 @@ def test_an_unchanged_rerun_is_cached_and_an_edited_recipe_recomputes_exactly_wh
     assert all(after[s] == before.get(s, 0) + 1 for s in changed)
 
 
+@pytest.mark.extended  # `make test-all` only: README, "Tests: what runs where"
 def test_gate_nobody_can_pass_keeps_aliases_recalibrates_and_reports(services, tmp_path):
     import yaml
     from mlflow import MlflowClient
-    from prefect.deployments import run_deployment
 
     from tasks.config import load_profile
 
@@ -433,13 +438,13 @@ def test_gate_nobody_can_pass_keeps_aliases_recalibrates_and_reports(services, t
     assert rows["mixed-w8attn-w4mlp"]["engine_precision"] == "fp32 (dequantized)" and not rows["mixed-w8attn-w4mlp"]["passed"]
 
 
+@pytest.mark.extended  # `make test-all` only: README, "Tests: what runs where"
 def test_a_release_on_the_llama_cpp_engine_builds_gates_and_registers_gguf_variants(services, tmp_path):
     """The same chain with `engine.backend: llama_cpp`: distillation, calibration and quantization come from the
     first test's cache; each variant's GGUF engine is built and gated on the orin pool, and the report's engine
     column names the llama.cpp block types the checkpoints were written as."""
     import yaml
     from mlflow import MlflowClient
-    from prefect.deployments import run_deployment
 
     data = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
     data["name"] = "tiny-llama-cpp"  # not test-tiny-*: other tests read the newest test-tiny report
@@ -467,11 +472,11 @@ def test_a_release_on_the_llama_cpp_engine_builds_gates_and_registers_gguf_varia
     assert staging.tags["edgeflow.variant"] == report["staging"]
 
 
+@pytest.mark.extended  # `make test-all` only: README, "Tests: what runs where"
 def test_calibration_overlapping_the_eval_set_fails_before_quantization(services, tmp_path):
     """Point the gate's chat eval set at the chat calibration source: the calibrate stage fails naming examples."""
     import yaml
     from mlflow import MlflowClient
-    from prefect.deployments import run_deployment
 
     data = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
     data.setdefault("gate", {})["eval_sources"] = {"chat": "data/corpora/chat.jsonl", "math": "data/eval/math.jsonl"}
@@ -505,7 +510,6 @@ def test_nightly_recalibration_over_access_logs_registers_and_moves_staging(serv
     set for the staging student (not retrained), and the new version takes `staging`."""
     import pandas as pd
     from mlflow import MlflowClient
-    from prefect.deployments import run_deployment
 
     from tasks.config import load_profile
 
@@ -551,7 +555,6 @@ def test_nightly_recalibration_over_access_logs_registers_and_moves_staging(serv
 
 def test_nightly_recalibration_without_logs_is_skipped_not_failed(services, tmp_path):
     from mlflow import MlflowClient
-    from prefect.deployments import run_deployment
 
     c = MlflowClient(services["MLFLOW_TRACKING_URI"])
     staging = c.get_model_version_by_alias("edgeflow-test-tiny", "staging").version
@@ -570,6 +573,7 @@ def test_nightly_recalibration_without_logs_is_skipped_not_failed(services, tmp_
     assert report["status"] == "skipped" and "nightly.min_records=32" in report["reason"], report
 
 
+@pytest.mark.extended  # `make test-all` only: README, "Tests: what runs where"
 def test_retry_in_the_prefect_ui_resumes_a_failed_release_without_recomputing(services, tmp_path):
     """Change only the calibration mix and make the last stage (deploy) fail: distill is reused, calibrate..register
     are recomputed once; then "Retry" in the real Prefect UI (headless Chromium) completes the same flow run
@@ -580,7 +584,6 @@ def test_retry_in_the_prefect_ui_resumes_a_failed_release_without_recomputing(se
     import yaml
     from mlflow import MlflowClient
     from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
 
     from tasks.config import load_profile
     from tasks.deploy import side_port
@@ -636,7 +639,7 @@ def test_retry_in_the_prefect_ui_resumes_a_failed_release_without_recomputing(se
     deadline = time.monotonic() + 1500
     run = asyncio.run(state())
     while time.monotonic() < deadline and not (run.state.is_final() and run.run_count >= 2):
-        time.sleep(5)
+        time.sleep(1)
         run = asyncio.run(state())
     assert run.state.is_completed(), f"retried run ended {run.state.type}: {run.state.message}"
     assert run.run_count == 2  # the same flow run, resumed, not a new one
@@ -651,12 +654,12 @@ def test_retry_in_the_prefect_ui_resumes_a_failed_release_without_recomputing(se
     assert deploys[1].data.tags["edgeflow.error"]  # the failed attempt says why
 
 
+@pytest.mark.extended  # `make test-all` only: README, "Tests: what runs where"
 def test_promotion_is_checked_and_rollback_serves_the_previous_version(services):
     """production needs a passing gate and a successful deployment; rollback-production puts `previous` back on
     `production` and on the device, and the stable port answers with it."""
     import httpx
     from mlflow import MlflowClient
-    from prefect.deployments import run_deployment
 
     from tasks.config import load_profile
     from tasks.deploy import read_state
