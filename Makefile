@@ -70,8 +70,13 @@ demo: services
 # module fixtures), started first (tests/conftest.py orders them; --no-loadscope-reorder keeps that order), and the
 # other files fill in. PYTEST_WORKERS=0 runs everything in this one process.
 PYTEST_WORKERS ?= 2
+# torch's threads in each pytest worker and every stage process its releases start (EDGEFLOW_TORCH_THREADS,
+# tasks/engines/cpu_host.py): the cores divided among the workers. Two test-tiny distillations at once on 2 cores
+# took 53 s each with 2 threads apiece, 21 s with 1 (BENCHMARKS.md, "Where the suite's time goes"). A value in the
+# environment wins.
+TEST_TORCH_THREADS := $(shell w=$(PYTEST_WORKERS); n=$$(nproc); t=$$(( w > 1 ? n / w : n )); echo $$(( t > 0 ? t : 1 )))
 TEST_RESULTS := .edgeflow/test-results
-PYTEST = $(PY) -m pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+PYTEST = EDGEFLOW_TORCH_THREADS=$${EDGEFLOW_TORCH_THREADS:-$(TEST_TORCH_THREADS)} $(PY) -m pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 	--junitxml=$(TEST_RESULTS)/junit.xml
 test: $(VENV)/.installed-test
 	$(PYTEST) -m "not extended" $(PYTEST_ARGS)

@@ -5,11 +5,15 @@
 - MLflow's client telemetry off unless the environment says otherwise (MLFLOW_DISABLE_TELEMETRY). Its background
   thread sets and unsets the variable _MLFLOW_TELEMETRY_SESSION_ID, and a request that iterated os.environ at that
   moment (requests reads the proxy variables) failed with KeyError: a release's first MLflow call failed that way
-  when mlflow was imported just before it. A pipeline host also has no business sending usage data out.
+  when mlflow was imported just before it. A pipeline host also has no business sending usage data out;
+- torch's threads from EDGEFLOW_TORCH_THREADS when it is set (tasks/engines/cpu_host.py:apply_torch_threads), for a
+  host that runs several stage processes at once.
 """
 import os
 
 from tasks.allocator import tune as _tune_allocator
+from tasks.engines.cpu_host import apply_torch_threads as _apply_torch_threads
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 _tune_allocator()
+_apply_torch_threads()

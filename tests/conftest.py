@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 
 from tasks.allocator import tune
+from tasks.engines.cpu_host import apply_torch_threads
 
 tune()  # as in every stage process (flows/__init__.py): before torch loads, so its THP setting takes effect
+apply_torch_threads()  # `make test` sets EDGEFLOW_TORCH_THREADS to the cores per pytest worker (Makefile)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]

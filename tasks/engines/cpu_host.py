@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 THREADS_ENV = "EDGEFLOW_ENGINE_THREADS"
+TORCH_THREADS_ENV = "EDGEFLOW_TORCH_THREADS"
 
 # ISA extensions the CPU kernels are picked by (ORT's MLAS at session creation, the native kernel's
 # AVX2/FMA requirement); recorded in engine.json for provenance.
@@ -76,3 +77,21 @@ def threads_from_env() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def apply_torch_threads() -> int | None:
+    """torch's intra-op threads in this process from $EDGEFLOW_TORCH_THREADS, over any OMP_NUM_THREADS (prefect.yaml
+    gives the cpu pool's runs 2): for a host that runs several stage processes at once on few cores, where each
+    one's threads defaulting to every core makes them wait on each other. Two test-tiny distillations at once on the
+    2-core AMD EPYC took 53 s each with 2 threads apiece, 21 s each with 1 (15 s for one alone with 2; BENCHMARKS.md,
+    "Where the suite's time goes"). Unset: nothing changes. Called before torch loads (flows/__init__.py,
+    tests/conftest.py); if torch is already loaded it is told too. Returns the count set, or None."""
+    threads = int_from_env(TORCH_THREADS_ENV, lo=1, meaning="torch intra-op threads of each edgeflow process")
+    if threads is None:
+        return None
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    import sys
+
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+    return threads

@@ -95,7 +95,7 @@ class Host:
             # the shared venv holds an editable install of the root checkout; this host imports its own copy
             "PYTHONPATH": str(self.checkout),
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "2",
-        }
+        } | {k: os.environ[k] for k in ("EDGEFLOW_TORCH_THREADS",) if os.environ.get(k)}  # `make test`'s cores per worker
         self.proc: subprocess.Popen | None = None
 
     def _enter(self, *cmd: str) -> list[str]:
