@@ -72,8 +72,8 @@ demo: services
 PYTEST_WORKERS ?= 2
 # torch's threads in each pytest worker and every stage process its releases start (EDGEFLOW_TORCH_THREADS,
 # tasks/engines/cpu_host.py): the cores divided among the workers. Two test-tiny distillations at once on 2 cores
-# took 53 s each with 2 threads apiece, 21 s with 1 (BENCHMARKS.md, "Where the suite's time goes"). A value in the
-# environment wins.
+# took 44 s each with 2 threads apiece, 19 s with 1 (benchmarks/concurrent_distill.py; BENCHMARKS.md, "Where the
+# suite's time goes"). A value in the environment wins.
 TEST_TORCH_THREADS := $(shell w=$(PYTEST_WORKERS); n=$$(nproc); t=$$(( w > 1 ? n / w : n )); echo $$(( t > 0 ? t : 1 )))
 TEST_RESULTS := .edgeflow/test-results
 PYTEST = EDGEFLOW_TORCH_THREADS=$${EDGEFLOW_TORCH_THREADS:-$(TEST_TORCH_THREADS)} $(PY) -m pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
