@@ -76,7 +76,8 @@ PYTEST_WORKERS ?= 2
 # suite's time goes"). A value in the environment wins.
 TEST_TORCH_THREADS := $(shell w=$(PYTEST_WORKERS); n=$$(nproc); t=$$(( w > 1 ? n / w : n )); echo $$(( t > 0 ? t : 1 )))
 TEST_RESULTS := .edgeflow/test-results
-PYTEST = EDGEFLOW_TORCH_THREADS=$${EDGEFLOW_TORCH_THREADS:-$(TEST_TORCH_THREADS)} $(PY) -m pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+PYTEST = EDGEFLOW_TORCH_THREADS=$${EDGEFLOW_TORCH_THREADS:-$(TEST_TORCH_THREADS)} \
+	$(PY) -m pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 	--junitxml=$(TEST_RESULTS)/junit.xml
 test: $(VENV)/.installed-test
 	$(PYTEST) -m "not extended" $(PYTEST_ARGS)
