@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from tasks.architecture import transformers_kwargs
 from tasks.artifacts import write_manifest
 from tasks.engines.checkpoint import load_dequantized  # the checkpoint as its exactly dequantized model (owned there)
 
@@ -154,7 +155,8 @@ def quantize(
 
     _cpu_pin_memory_workaround()
     tokenizer = AutoTokenizer.from_pretrained(student_dir)  # oneshot needs a processor even for pre-tokenized data
-    model = AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float32).to(_device_for(slot))
+    model = AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float32,
+                                                 **transformers_kwargs(student_dir)).to(_device_for(slot))
     check_group_sizes(model, recipe)
 
     ds = Dataset.from_dict(
@@ -185,5 +187,6 @@ def quantize(
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
     size = sum(p.stat().st_size for p in out_dir.rglob("*.safetensors"))
-    errors = weight_errors(AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float32), load_dequantized(out_dir))
+    errors = weight_errors(AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float32, **transformers_kwargs(student_dir)),
+                           load_dequantized(out_dir))
     return {"size_mb": size / 2**20, "scheme": recipe_scheme(recipe), "schemes": recipe_schemes(recipe), "weight_error": errors}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from tasks.architecture import transformers_kwargs
 from tasks.artifacts import sha256_tree, write_manifest
 from tasks.config import DistillConfig
 from tasks.distill.checkpoints import checkpoint_root, distill_run_key
@@ -129,7 +130,7 @@ def prepare_run(teacher_dir: Path, cfg: DistillConfig, corpora: list[Path], eval
     log = log or (lambda step, metrics: None)
     tokenizer = load_tokenizer(teacher_dir, student_from)
     torch.manual_seed(cfg.seed)
-    teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32)
+    teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32, **transformers_kwargs(teacher_dir))
     teacher.requires_grad_(False)
     teacher.eval()
     check_vocab(teacher, tokenizer, "teacher")

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from tasks.architecture import transformers_kwargs
 from tasks.artifacts import sha256_file, sha256_json
 from tasks.distill.teacher_cache import NAMESPACE_TAG
 from tasks.textdata import read_records, record_messages
@@ -149,7 +150,7 @@ def shared_answers(client, teacher_dir: Path, teacher_sha256: str, cfg, corpora:
     if not any((Path(root) / spec.namespace).glob("*.parquet")):
         device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=dtype).to(device).eval()
+        model = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=dtype, **transformers_kwargs(teacher_dir)).to(device).eval()
     path, stats = answers_file(model, AutoTokenizer.from_pretrained(teacher_dir), corpora, teacher_sha256,
                                cfg.max_new_tokens, cfg.max_prompts, root)
     teacher_cache.push(client, spec, root, artifact_location)
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-prompts", type=int, default=None)
     parser.add_argument("--root", type=Path, default=Path(".edgeflow/cache/teacher-outputs"))
     a = parser.parse_args(argv)
-    teacher = AutoModelForCausalLM.from_pretrained(a.teacher, dtype=torch.float32).eval()
+    teacher = AutoModelForCausalLM.from_pretrained(a.teacher, dtype=torch.float32, **transformers_kwargs(a.teacher)).eval()
     tok = AutoTokenizer.from_pretrained(a.teacher)
     path, stats = answers_file(teacher, tok, a.corpora, sha256_tree(a.teacher), a.max_new_tokens, a.max_prompts, a.root)
     print(json.dumps({"file": str(path), **stats}))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from tasks.architecture import transformers_kwargs
 from tasks.config import DistillConfig
 from tasks.losses import check_layer_map, default_layer_map, spread_layer_map
 
@@ -103,10 +104,11 @@ def build_student(teacher, cfg: DistillConfig, student_from: Path | None = None,
             f"distill.student_from={student_from} has no config.json; point it at a saved model or config directory"
         )
     if _has_weights(student_from):
-        student = AutoModelForCausalLM.from_pretrained(student_from, dtype=torch.float32)
+        student = AutoModelForCausalLM.from_pretrained(student_from, dtype=torch.float32, **transformers_kwargs(student_from))
     else:
         torch.manual_seed(cfg.seed)  # a config-only student is initialised the same way on every (re)run
-        student = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(student_from), dtype=torch.float32)
+        student = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(student_from), dtype=torch.float32,
+                                                   **transformers_kwargs(student_from))
     student.requires_grad_(True)
     return student, None
 

@@ -239,17 +239,20 @@ def load_dequantized(model_dir: Path) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils.quantization_config import CompressedTensorsConfig
 
+    from tasks.architecture import transformers_kwargs
+
     config = AutoConfig.from_pretrained(model_dir)
     if getattr(config, "quantization_config", None) is None:
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **transformers_kwargs(model_dir)).eval()
     q = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, quantization_config=CompressedTensorsConfig(run_compressed=False)
+        model_dir, dtype=torch.float32, quantization_config=CompressedTensorsConfig(run_compressed=False),
+        **transformers_kwargs(model_dir),
     )
     del config.quantization_config
     # Built on the meta device and given q's tensors: from_config on the CPU draws every weight at random first
     # (3.5 s a model for the demo's 24-layer student, all of it thrown away).
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **transformers_kwargs(model_dir))
     missing, _ = model.load_state_dict(q.state_dict(), strict=False, assign=True)
     if missing:
         raise RuntimeError(f"{model_dir}: decompressed checkpoint lacks {missing[:3]}")

@@ -1,6 +1,7 @@
 """build(Path("ckpt"), Path("eng"), {}); s = load(Path("eng")); print(list(generate(s, [1, 9690], 8, [2])))
 
-Native CPU engine backend: a small Llama decoder in C (AVX2 + FMA, `native/q4.c`) driven through ctypes.
+Native CPU engine backend: one decoder in C (AVX2 + FMA, `native/q4.c`) driven through ctypes, for every family
+tasks/architecture.py describes (Llama 3.x, Mistral, Qwen2/2.5, Qwen3, Gemma 2, Gemma 3).
 
 * The int4 body runs the checkpoint's own integers: y = sum_g s * xs * sum_k (q - z) * xq, with the
   activations quantized to int16 per 64-element group (xq, scale xs: 15 bits, where fp16 keeps 11), so
@@ -26,9 +27,14 @@ Native CPU engine backend: a small Llama decoder in C (AVX2 + FMA, `native/q4.c`
   one decode row per stream (up to 4 streams); `generate_batch` decodes several prompts together in
   one step per token.
 
-Architecture scope: LlamaForCausalLM (SiLU MLP, no biases, default RoPE), hidden and intermediate
-sizes multiples of 64 (int4) or 8 (fp32), head_dim a multiple of 16. Anything else raises ValueError
-at build time naming the field; the onnxruntime backend (`engine.backend: cpu`) covers those.
+Architecture scope: what `tasks.architecture.describe` reads from config.json. A family is a description, not a
+fork: the one step in q4.c takes each layer's optional tensors (q/k/v and o biases, per-head q/k norms, Gemma's
+post-attention and post-feedforward norms), its sliding window and RoPE table, and the family's activation (SiLU or
+GELU-tanh), attention scale and softcap; the int4 kernels and the thread team are the same for every family.
+Weights are fixed once at build: Gemma's (1 + w) norms are folded into w, q/k/v are fused. The embedding scale
+(Gemma) is applied to the looked-up rows, Gemma 2's final softcap to the head's logits (`NativeSession.logits`).
+Hidden and intermediate sizes must be multiples of 64 (int4) or 8 (fp32), head_dim a multiple of 16; MLP biases
+are refused. Anything else raises ValueError at build time naming the field.
 
 The C source is compiled once per (source, compiler, flags) into $EDGEFLOW_NATIVE_CACHE (default
 ~/.cache/edgeflow/native) with `cc -O3 -mavx2 -mfma -mf16c -pthread -shared -fPIC`; engine.json
@@ -58,6 +64,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from tasks.architecture import Architecture, check_backend, describe
 from tasks.artifacts import sha256_tree
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -79,7 +86,9 @@ from tasks.engines.sampling import EPSILON, GREEDY, PARAMETERS, Sampler, Samplin
 
 BACKEND = "cpu_native"
 WEIGHTS = "weights.safetensors"
-FORMAT_VERSION = 2  # 2: int4 words of 4 nibbles for the int16-activation kernels; row-major int8 head
+# 2: int4 words of 4 nibbles for the int16-activation kernels; row-major int8 head. 3: the family description in
+# engine.json's "architecture" (tasks/architecture.py), norms with their offset folded in, biases and q/k norms.
+FORMAT_VERSION = 3
 SOURCE = Path(__file__).resolve().parent / "native" / "q4.c"
 CACHE_ENV = "EDGEFLOW_NATIVE_CACHE"
 CC_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC")
@@ -196,7 +205,7 @@ def _library() -> ctypes.CDLL:
             lib.q8i_gemm.argtypes = [P, I, I, I, P, P, P, P, P]
             lib.llama_scratch_floats.argtypes = [I, I, I, I, I, I, I]
             lib.llama_scratch_floats.restype = L
-            lib.llama_step.argtypes = [I, P, P, P, P, I, I, I, I, I, I, F, P, P, I, I, P, P, P, P, P, P]
+            lib.llama_step.argtypes = [I, P, P, P, P, I, I, I, I, I, I, F, P, P, P, I, I, P, P, P, P]
             for name in ("q4i_gemm", "f32_gemm", "head_argmax", "q8i_gemm", "llama_step", "team_destroy"):
                 getattr(lib, name).restype = None
             lib.team_create.argtypes, lib.team_create.restype = [I, L], P
@@ -253,39 +262,48 @@ def int8_head(E: np.ndarray) -> dict[str, np.ndarray]:
 # --------------------------------------------------------------------------------------------
 
 
-def _arch(config: dict[str, Any], where: Path) -> dict[str, Any]:
-    """The decoder shape the C step needs; ValueError for anything it does not implement."""
-    def bad(what: str) -> ValueError:
-        return ValueError(f"{where}/config.json: {what}; the cpu_native engine runs plain Llama decoders; {FIX}")
+def _arch(config: dict[str, Any], where: Path) -> Architecture:
+    """The model's description (tasks/architecture.py), with this kernel's shape rules; ValueError naming the field."""
+    arch = describe(config, f"{where}/config.json")
+    check_backend(arch, BACKEND, f"{where}/config.json")
+    if arch.mlp_bias:
+        raise ValueError(f"{where}/config.json: mlp_bias=true: the cpu_native engine has no MLP biases; {FIX}")
+    hd, heads, kv = arch.head_dim, arch.num_attention_heads, arch.num_key_value_heads
+    if hd % 16:
+        raise ValueError(f"{where}/config.json: head_dim={hd} must be a multiple of 16 (the attention kernel's width)")
+    if arch.hidden_size % 8 or arch.intermediate_size % 8:
+        raise ValueError(f"{where}/config.json: hidden_size={arch.hidden_size}, intermediate_size={arch.intermediate_size} "
+                         "must be multiples of 8")
+    return arch
 
-    archs = config.get("architectures") or []
-    if config.get("model_type") != "llama" or (archs and archs != ["LlamaForCausalLM"]):
-        raise bad(f"model_type={config.get('model_type')!r} architectures={archs}")
-    if config.get("hidden_act", "silu") != "silu":
-        raise bad(f"hidden_act={config.get('hidden_act')!r} (only silu)")
-    for key in ("attention_bias", "mlp_bias"):
-        if config.get(key):
-            raise bad(f"{key}=true (no biases supported)")
-    rope = config.get("rope_parameters") or {}
-    scaling = config.get("rope_scaling")
-    rope_type = rope.get("rope_type") or (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
-    if rope_type != "default":
-        raise bad(f"rope type {rope_type!r} (only the default RoPE)")
-    theta = float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
-    hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-    kv = int(config.get("num_key_value_heads") or heads)
-    hd = int(config.get("head_dim") or hidden // heads)
-    inter = int(config["intermediate_size"])
-    if hd * heads != hidden or hd % 16 or heads % kv:
-        raise bad(f"head_dim={hd} x heads={heads} (kv {kv}) vs hidden_size={hidden} (need heads*head_dim == hidden, "
-                  "head_dim % 16 == 0, heads % kv_heads == 0)")
-    if hidden % 8 or inter % 8:
-        raise bad(f"hidden_size={hidden}, intermediate_size={inter} must be multiples of 8")
-    return {"hidden_size": hidden, "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd,
-            "intermediate_size": inter, "num_hidden_layers": int(config["num_hidden_layers"]),
-            "rms_norm_eps": float(config.get("rms_norm_eps", 1e-6)), "rope_theta": theta,
-            "vocab_size": int(config["vocab_size"]), "context_length": int(config.get("max_position_embeddings", 2048)),
-            "tie_word_embeddings": bool(config.get("tie_word_embeddings", False))}
+
+# Per layer, what layer_t (q4.c) holds past the four fused linears: where each optional tensor comes from in the
+# checkpoint (norms get the family's offset folded in once, here).
+_COLUMNS = ("ln1", "qkv_w", "qkv_s", "qkv_z", "o_w", "o_s", "o_z", "ln2", "gu_w", "gu_s", "gu_z", "dn_w", "dn_s", "dn_z",
+            "kind", "window", "qkv_b", "o_b", "q_norm", "k_norm", "post_attn", "post_ffn", "cos", "sin")
+
+
+def _norms_and_biases(dense: dict[str, np.ndarray], arch: Architecture, i: int) -> dict[str, np.ndarray]:
+    """Layer i's norm weights (offset folded: Gemma's 1 + w, in fp32 as transformers adds it) and biases, by layer_t name."""
+    p = f"model.layers.{i}."
+    off = np.float32(arch.norm_offset)
+
+    def norm(name: str) -> np.ndarray:
+        return (dense[p + name + ".weight"].astype(np.float32) + off).astype(np.float32)
+
+    out = {"ln1": norm("input_layernorm")}
+    if arch.sandwich_norms:
+        out |= {"ln2": norm("pre_feedforward_layernorm"), "post_attn": norm("post_attention_layernorm"),
+                "post_ffn": norm("post_feedforward_layernorm")}
+    else:
+        out["ln2"] = norm("post_attention_layernorm")
+    if arch.qk_norm:
+        out |= {"q_norm": norm("self_attn.q_norm"), "k_norm": norm("self_attn.k_norm")}
+    if arch.qkv_bias:
+        out["qkv_b"] = np.concatenate([dense[f"{p}self_attn.{n}_proj.bias"] for n in "qkv"]).astype(np.float32)
+    if arch.o_bias:
+        out["o_b"] = dense[f"{p}self_attn.o_proj.bias"].astype(np.float32)
+    return out
 
 
 def _int4_layer(tensors: dict[str, np.ndarray], prefix: str, scheme: WeightScheme) -> tuple[np.ndarray, ...]:
@@ -336,7 +354,7 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
         if any(k.startswith("lm_head.weight_") for k in tensors):
             raise ValueError(f"{checkpoint_dir}: the lm_head is quantized; cpu_native runs an fp32 lm_head only; {FIX}")
         try:
-            for i in range(arch["num_hidden_layers"]):
+            for i in range(arch.num_hidden_layers):
                 parts = {n: _int4_layer(tensors, f"model.layers.{i}.{n}", scheme) for n in _LINEARS}
                 for fused, names in _FUSED:
                     q, s, z = (np.concatenate([parts[n][j] for n in names]) for j in range(3))
@@ -351,19 +369,18 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
                      if not k.rpartition(".")[2].startswith("weight_")}
     if scheme is None:
         dense = _dense_weights(checkpoint_dir, dequantize=dequantized is not None)
-        for i in range(arch["num_hidden_layers"]):
+        for i in range(arch.num_hidden_layers):
             for fused, names in _FUSED:
                 w = np.concatenate([dense[f"model.layers.{i}.{n}.weight"] for n in names])
                 if w.shape[0] % 4 or w.shape[1] % 8:
                     raise ValueError(f"layer {i} {fused}: weight {w.shape} needs out % 4 == 0 and in % 8 == 0")
                 out[f"layers.{i}.{fused}.w"] = np.ascontiguousarray(w, np.float32)
-    for i in range(arch["num_hidden_layers"]):
-        out[f"layers.{i}.ln1"] = dense[f"model.layers.{i}.input_layernorm.weight"]
-        out[f"layers.{i}.ln2"] = dense[f"model.layers.{i}.post_attention_layernorm.weight"]
-    out["norm"] = dense["model.norm.weight"]
+    for i in range(arch.num_hidden_layers):
+        out |= {f"layers.{i}.{k}": v for k, v in _norms_and_biases(dense, arch, i).items()}
+    out["norm"] = (dense["model.norm.weight"].astype(np.float32) + np.float32(arch.norm_offset)).astype(np.float32)
     embed = dense["model.embed_tokens.weight"]
     out["embed"] = embed
-    head = embed if arch["tie_word_embeddings"] or "lm_head.weight" not in dense else dense["lm_head.weight"]
+    head = embed if arch.tie_word_embeddings or "lm_head.weight" not in dense else dense["lm_head.weight"]
     if head is not embed:
         out["head.fp32"] = head
     if head.shape[1] % 8:
@@ -397,7 +414,7 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
         sampling={"method": "exact fp32 logits of every token whose probability can exceed epsilon "
                             "(int8 per-row bound selects them; the left-out mass is bounded per step)",
                   "epsilon": EPSILON, "parameters": list(PARAMETERS)},
-        architecture=arch,
+        architecture=arch.summary(),
         profile=prof.model_dump(),
         checkpoint=str(checkpoint_dir.resolve()),
         device=device_fingerprint(),
@@ -457,11 +474,10 @@ class NativeSession:
     lib: Any
     engine_dir: Path
     meta: dict[str, Any]
-    arch: dict[str, Any]
+    arch: Architecture
     tensors: dict[str, np.ndarray]
-    layers: np.ndarray  # int64 [n_layers, 16]: pointers + kind, see layer_t in q4.c
-    cos: np.ndarray
-    sin: np.ndarray
+    layers: np.ndarray  # int64 [n_layers, len(_COLUMNS)]: pointers + kind + window, see layer_t in q4.c (cos/sin: 0)
+    family: Any  # _FamilyT: what the family adds to a Llama step (activation, attention scale and softcap)
     threads: int
     team: int | None  # q4.c's team_t* (None: one thread); destroyed when the session is collected
     max_candidates: int
@@ -474,6 +490,24 @@ class NativeSession:
                                                          "sampling_excluded_mass_max": 0.0})
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _scheduler: Any = None  # the session's _Scheduler, created by the first generate call
+    _rope: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # kind -> (cos, sin) [n, head_dim]
+
+    def rope_tables(self, n: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """cos/sin [>= n, head_dim] per attention kind, computed up to the longest length asked so far (a decoder keeps
+        the arrays it was given, so growing them never moves a table under a running step)."""
+        with self._lock:
+            if not self._rope or len(next(iter(self._rope.values()))[0]) < n:
+                self._rope = {kind: _rope_tables(r.inv_freq(self.arch.head_dim), n) for kind, r in self.arch.rope.items()}
+            return self._rope
+
+    def logits(self, raw: np.ndarray) -> np.ndarray:
+        """The model's output logits from the head's x . E_r: Gemma 2's final softcap (cap * tanh(l / cap), in fp32 as
+        transformers computes it), else unchanged. Monotone, so the exact argmax of the raw logits is the model's."""
+        cap = self.arch.final_softcap
+        if not cap:
+            return raw
+        c = np.float32(cap)
+        return (np.tanh((np.asarray(raw, np.float32) / c).astype(np.float32)) * c).astype(np.float32)
 
     def team_stats(self) -> dict[str, int]:
         """The thread team's counters: parallel regions run, waits that ended asleep, wait-policy probes
@@ -495,9 +529,15 @@ def _ptr(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
-def _rope_tables(theta: float, hd: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin [n, hd] as transformers computes them for the default RoPE (fp32)."""
-    inv = (1.0 / (np.float32(theta) ** (np.arange(0, hd, 2, dtype=np.int64).astype(np.float32) / np.float32(hd)))).astype(np.float32)
+class _FamilyT(ctypes.Structure):
+    """q4.c's family_t."""
+
+    _fields_ = [("act", ctypes.c_int), ("attn_scale", ctypes.c_float), ("attn_softcap", ctypes.c_float),
+                ("pad", ctypes.c_float)]
+
+
+def _rope_tables(inv: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [n, head_dim] from the inverse frequencies, as transformers computes them (fp32)."""
     freqs = np.arange(n, dtype=np.float32)[:, None] * inv[None, :]
     emb = np.concatenate([freqs, freqs], axis=1)
     return np.ascontiguousarray(np.cos(emb), np.float32), np.ascontiguousarray(np.sin(emb), np.float32)
@@ -512,24 +552,24 @@ def load(engine_dir: Path) -> NativeSession:
     meta = edir.read_meta(engine_dir).model_dump(mode="json")
     lib = _library()
     t = {k: np.ascontiguousarray(v) for k, v in load_file(str(engine_dir / WEIGHTS)).items()}
-    arch = meta["architecture"]
+    arch = Architecture.model_validate(meta["architecture"])
     kind = 0 if meta["weights"].startswith("int4") else 1
     rows = []
-    for i in range(arch["num_hidden_layers"]):
-        row = [_ptr(t[f"layers.{i}.ln1"])]
-        for fused, _ in _FUSED:
-            if fused == "gu":
-                row.append(_ptr(t[f"layers.{i}.ln2"]))
-            w = t[f"layers.{i}.{fused}.w"]
-            row += [_ptr(w), _ptr(t[f"layers.{i}.{fused}.s"]) if kind == 0 else 0, _ptr(t[f"layers.{i}.{fused}.z"]) if kind == 0 else 0]
-        rows.append(row + [kind, 0])
-    cos, sin = _rope_tables(arch["rope_theta"], arch["head_dim"], arch["context_length"])
+    for i in range(arch.num_hidden_layers):
+        row = dict.fromkeys(_COLUMNS, 0) | {"kind": kind, "window": arch.window(i) or 0}
+        for col in _COLUMNS:  # linears are stored as "qkv.w", "qkv.s", ...; the rest by their layer_t name
+            name = f"layers.{i}." + (col.replace("_", ".") if col[-2:] in ("_w", "_s", "_z") else col)
+            if name in t:
+                row[col] = _ptr(t[name])  # cos/sin: per decoder (_Decoder); absent optional tensors stay 0
+        rows.append([row[k] for k in _COLUMNS])
     threads = threads_from_env()
     team = lib.team_create(threads, spin_us_from_env() * 1000)
     session = NativeSession(
         lib=lib, engine_dir=engine_dir, meta=meta, arch=arch, tensors=t, layers=np.asarray(rows, dtype=np.int64),
-        cos=cos, sin=sin, threads=lib.team_threads(team), team=team, max_candidates=int(meta["profile"]["max_candidates"]),
-        vocab_size=int(meta["lm_head"]["vocab_size"]), context_length=int(arch["context_length"]),
+        family=_FamilyT(act={"silu": 0, "gelu_tanh": 1}[arch.activation], attn_scale=arch.attn_scale,
+                        attn_softcap=arch.attn_softcap or 0.0),
+        threads=lib.team_threads(team), team=team, max_candidates=int(meta["profile"]["max_candidates"]),
+        vocab_size=int(meta["lm_head"]["vocab_size"]), context_length=arch.context_length,
     )
     if team:
         weakref.finalize(session, lib.team_destroy, team)  # the workers stop and are joined with the session
@@ -552,27 +592,35 @@ class _Decoder:
             raise ValueError(f"{max_len} tokens exceed the engine's context length {session.context_length}")
         self.s, self.a = session, a
         self.slots, self.max_len = slots, max_len
-        shape = (a["num_hidden_layers"], slots, a["num_key_value_heads"], max_len, a["head_dim"])
+        shape = (a.num_hidden_layers, slots, a.num_key_value_heads, max_len, a.head_dim)
         self.kc = np.empty(shape, np.float32)
         self.vc = np.empty(shape, np.float32)
-        n = session.lib.llama_scratch_floats(a["hidden_size"], a["num_attention_heads"], a["num_key_value_heads"],
-                                             a["head_dim"], a["intermediate_size"], max_len, session.threads)
+        n = session.lib.llama_scratch_floats(a.hidden_size, a.num_attention_heads, a.num_key_value_heads,
+                                             a.head_dim, a.intermediate_size, max_len, session.threads)
         self.scratch = np.empty(n, np.float32)
         self.head = _HeadBuffers(session, slots)
+        # this decoder's layer table: the session's, with each layer's RoPE table (held here, so it outlives the decoder)
+        self.rope = session.rope_tables(max_len)
+        self.layers = session.layers.copy()
+        cos, sin = _COLUMNS.index("cos"), _COLUMNS.index("sin")
+        for i, kind in enumerate(a.layer_types):
+            self.layers[i, cos], self.layers[i, sin] = _ptr(self.rope[kind][0]), _ptr(self.rope[kind][1])
+        self.embed_scale = np.float32(a.embed_scale)
 
     def step(self, ids: Sequence[int], pos: Sequence[int], slots: Sequence[int]) -> np.ndarray:
         """One decoder pass over <= STEP_ROWS rows; returns the final-normed hidden states [M, hidden]."""
         s, a = self.s, self.a
         m = len(ids)
         h = np.ascontiguousarray(s.embed[np.asarray(ids, dtype=np.int64)], np.float32)
+        if self.embed_scale != 1:
+            h *= self.embed_scale  # Gemma: embeddings times sqrt(hidden), in fp32 as transformers does
         out = np.empty_like(h)
         p = np.asarray(pos, dtype=np.int32)
         sl = np.asarray(slots, dtype=np.int32)
-        s.lib.llama_step(m, _ptr(p), _ptr(sl), _ptr(h), _ptr(s.layers), a["num_hidden_layers"],
-                         a["hidden_size"], a["num_attention_heads"], a["num_key_value_heads"], a["head_dim"],
-                         a["intermediate_size"], a["rms_norm_eps"], _ptr(self.kc), _ptr(self.vc), self.slots,
-                         self.max_len, _ptr(s.cos), _ptr(s.sin), _ptr(s.tensors["norm"]), _ptr(out),
-                         _ptr(self.scratch), s.team)
+        s.lib.llama_step(m, _ptr(p), _ptr(sl), _ptr(h), _ptr(self.layers), a.num_hidden_layers,
+                         a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim,
+                         a.intermediate_size, a.rms_norm_eps, ctypes.addressof(s.family), _ptr(self.kc), _ptr(self.vc),
+                         self.slots, self.max_len, _ptr(s.tensors["norm"]), _ptr(out), _ptr(self.scratch), s.team)
         return out
 
     def prefill(self, ids: Sequence[int], slot: int) -> np.ndarray:
@@ -662,6 +710,9 @@ def head_sample(session: NativeSession, x: np.ndarray, sampler: Sampler) -> Toke
     e = xn * dn + c * (en + dn)
     approx = a[0, :v].astype(np.float64)
     lower, upper = approx - e, approx + e
+    if session.arch.final_softcap:  # monotone: the capped bounds bound the capped logits
+        cap = session.arch.final_softcap
+        lower, upper = cap * np.tanh(lower / cap), cap * np.tanh(upper / cap)
     raw_lo = float(lower.max())
     # Penalties change only the tokens already seen; they are monotone, so bounds map to bounds.
     touched = np.asarray(sorted(sampler.seen | set(sampler.output_counts)), dtype=np.int64)
@@ -676,10 +727,10 @@ def head_sample(session: NativeSession, x: np.ndarray, sampler: Sampler) -> Toke
     cand = np.flatnonzero(mask)
     head = session.head
     if len(cand) > session.max_candidates:  # as head_argmax: past the cap one full fp32 pass is cheaper
-        ids, logits, excluded = np.arange(v), head @ x[0], 0.0  # numpy's sgemv: memory-bound, as fast as the C fp32 kernel here
+        ids, logits, excluded = np.arange(v), session.logits(head @ x[0]), 0.0  # numpy's sgemv: memory-bound, as fast as the C fp32 kernel here
         full = True
     else:
-        ids, logits = cand, head[cand] @ x[0]
+        ids, logits = cand, session.logits(head[cand] @ x[0])
         kept = sampler.penalise(ids, logits.astype(np.float64))
         excluded = excluded_mass_bound(pup[~mask], float(kept.max()), kept, sampler.params.temperature) \
             if sampler.params.temperature > 0 else 0.0
@@ -863,6 +914,10 @@ def _submit(session: NativeSession, input_ids: Sequence[int], max_new_tokens: in
             f"{session.context_length}; shorten the prompt or lower max_tokens"
         )
     req = _Request(ids, max_new_tokens, {int(t) for t in stop_token_ids}, sampling or GREEDY)
+    if req.sampler is None and session.arch.final_softcap:
+        # Softcapped logits can tie where the raw ones do not (tanh saturates in fp32); transformers takes the lowest id
+        # among tied ones, so greedy goes through head_sample's capped bounds and Sampler.choose's first maximum.
+        req.sampler = Sampler(GREEDY, ids)
     _scheduler(session).submit(req)
     return req
 
@@ -915,4 +970,4 @@ def score(session: NativeSession, input_ids: list[int]) -> np.ndarray:
     """Teacher-forced logits for every position: float32 [len(input_ids), vocab], full fp32 head."""
     ids = _check_ids(session, input_ids)
     hidden = _Decoder(session, 1, len(ids)).prefill(ids, 0)
-    return np.ascontiguousarray(hidden @ session.head.T, dtype=np.float32)
+    return np.ascontiguousarray(session.logits(hidden @ session.head.T), dtype=np.float32)

@@ -511,12 +511,23 @@ static inline __m256 exp8(__m256 x) {
 }
 
 // ---------------------------------------------------------------------------------------------- decoder step
-// Per layer: pointers to its tensors; kind 0 = int4 (w, s, z), 1 = fp32 (w only).
-typedef struct { int64_t ln1, qkv_w, qkv_s, qkv_z, o_w, o_s, o_z, ln2, gu_w, gu_s, gu_z, dn_w, dn_s, dn_z, kind, pad; } layer_t;
+// Per layer: pointers to its tensors (0: absent); kind 0 = int4 (w, s, z), 1 = fp32 (w only). Norm weights arrive
+// with any family offset folded in (Gemma's 1 + w, at build). window: keys a query sees, itself included (0: all).
+typedef struct { int64_t ln1, qkv_w, qkv_s, qkv_z, o_w, o_s, o_z, ln2, gu_w, gu_s, gu_z, dn_w, dn_s, dn_z, kind, window,
+                 qkv_b, o_b, q_norm, k_norm, post_attn, post_ffn, cos, sin; } layer_t;
+// What the family adds to a Llama step (tasks/architecture.py): the MLP activation (0 SiLU, 1 GELU-tanh), the attention
+// scale and softcap (0: none).
+typedef struct { int act; float attn_scale; float attn_softcap; float pad; } family_t;
 
 static void linear(const float* x, int M, int K, int N, int64_t kind, int64_t w, int64_t s, int64_t z, float* y, void* team) {
     if (kind == 1) f32_gemm(x, M, K, N, (const float*)w, y, team);
     else q4i_gemm(x, M, K, N, (const uint16_t*)w, (const float*)s, (const int16_t*)z, y, team);
+}
+
+static void add_bias(float* y, int M, int N, int64_t b) {
+    if (!b) return;
+    const float* bb = (const float*)b;
+    for (int m = 0; m < M; m++) for (int i = 0; i < N; i++) y[(size_t)m * N + i] += bb[i];
 }
 
 static inline float dot_hd(const float* a, const float* b, int n) {  // n % 16 == 0
@@ -528,6 +539,7 @@ static inline float dot_hd(const float* a, const float* b, int n) {  // n % 16 =
     return hsum(_mm256_add_ps(s0, s1));
 }
 
+// y = w * (x / rms(x)); in place is fine (the sum of squares is taken first).
 static void rmsnorm(const float* x, const float* w, float* y, int M, int D, float eps) {
     for (int m = 0; m < M; m++) {
         const float* a = x + (size_t)m * D; float* b = y + (size_t)m * D; double ss = 0;  // fp64 sum: order-robust
@@ -553,34 +565,40 @@ static void rope(float* v, int nh, int hd, const float* cs, const float* sn) {  
 #define STEP_ROWS 16
 int llama_step_rows(void) { return STEP_ROWS; }
 
-// Scratch floats needed by llama_step (for nt threads).
+// Scratch floats needed by llama_step (for nt threads); Q = heads * head_dim (not always the hidden width).
 long llama_scratch_floats(int Hd, int H, int KV, int hd, int I, int maxlen, int nt) {
-    return (long)STEP_ROWS * (3L * Hd + (long)(H + 2 * KV) * hd + 3L * I) + (long)nt * maxlen + 64;
+    return (long)STEP_ROWS * (3L * Hd + (long)H * hd + (long)(H + 2 * KV) * hd + 3L * I) + (long)nt * maxlen + 64;
 }
 
 // GQA attention of every (row, head) pair over its slot's KV cache (one layer); pairs split across the team.
-typedef struct { int M, H, KV, hd, Hd, NQKV, maxlen; const int* pos; const int* slot; const float* qkv;
-                 const float* kc; const float* vc; size_t cstride_s, cstride_h; float scale; float* sc; float* att; } attn_job;
+typedef struct { int M, H, KV, hd, Q, NQKV, maxlen, window; const int* pos; const int* slot; const float* qkv;
+                 const float* kc; const float* vc; size_t cstride_s, cstride_h; float scale, softcap; float* sc; float* att; } attn_job;
 
 static void attention_region(void* arg, int tid, int nth) {
     const attn_job* j = (const attn_job*)arg;
     const int H = j->H, KV = j->KV, hd = j->hd, n = j->M * H;
     const int i0 = (int)((long)n * tid / nth), i1 = (int)((long)n * (tid + 1) / nth);
-    float* p_ = j->sc + (size_t)tid * j->maxlen; const float scale = j->scale;
+    float* p_ = j->sc + (size_t)tid * j->maxlen; const float scale = j->scale, cap = j->softcap;
     for (int i = i0; i < i1; i++) {
         const int m = i / H, hh = i % H;
-        const float* q = j->qkv + (size_t)m * j->NQKV + hh * hd; int g = hh / (H / KV); int T = j->pos[m] + 1;
-        const float* K_ = j->kc + j->slot[m] * j->cstride_s + g * j->cstride_h;
-        const float* V_ = j->vc + j->slot[m] * j->cstride_s + g * j->cstride_h;
+        const float* q = j->qkv + (size_t)m * j->NQKV + hh * hd; int g = hh / (H / KV);
+        const int t0 = j->window > 0 && j->pos[m] + 1 > j->window ? j->pos[m] + 1 - j->window : 0;
+        const int T = j->pos[m] + 1 - t0;  // keys t0 .. pos: a sliding layer sees the last `window`, itself included
+        const float* K_ = j->kc + j->slot[m] * j->cstride_s + g * j->cstride_h + (size_t)t0 * hd;
+        const float* V_ = j->vc + j->slot[m] * j->cstride_s + g * j->cstride_h + (size_t)t0 * hd;
         float* p = p_; float mx = -INFINITY;
-        for (int t = 0; t < T; t++) { p[t] = dot_hd(q, K_ + (size_t)t * hd, hd) * scale; if (p[t] > mx) mx = p[t]; }
+        for (int t = 0; t < T; t++) {
+            float a = dot_hd(q, K_ + (size_t)t * hd, hd) * scale;
+            if (cap > 0) a = cap * tanhf(a / cap);  // Gemma 2's attention softcap, before the softmax
+            p[t] = a; if (a > mx) mx = a;
+        }
         int t = 0; __m256 vs = _mm256_setzero_ps(); const __m256 vm = _mm256_set1_ps(mx);
         for (; t + 8 <= T; t += 8) {
             __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), vm));
             _mm256_storeu_ps(p + t, e); vs = _mm256_add_ps(vs, e);
         }
         float sum = hsum(vs); for (; t < T; t++) { p[t] = expf(p[t] - mx); sum += p[t]; }
-        float* o = j->att + (size_t)m * j->Hd + hh * hd; const float inv = 1.0f / sum;
+        float* o = j->att + (size_t)m * j->Q + hh * hd; const float inv = 1.0f / sum;
         for (int d0 = 0; d0 < hd; d0 += 16) {  // 16 output dims in registers, two position streams for ILP
             __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
             const float* vv = V_ + d0; int u = 0;
@@ -603,48 +621,61 @@ static void attention_region(void* arg, int tid, int nth) {
     }
 }
 
-// h [M, Hd]: token embeddings in, residual stream (clobbered). out [M, Hd]: final-normed hidden states.
-// kc, vc: [nL][S][KV][maxlen][hd]. cosT, sinT: [maxlen][hd]. M <= STEP_ROWS.
+// The gated MLP's activation: act(gate) * up for one row; I % 8 == 0 (a multiple of 64 for int4, 8 for fp32).
+static void glu_row(const float* gm, float* am, int I, int act) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (int i = 0; i < I; i += 8) {
+        __m256 g = _mm256_loadu_ps(gm + i), a;
+        if (act == 0) {  // SiLU: g / (1 + e^-g)
+            a = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+        } else {  // GELU, tanh approximation: g * sigmoid(2u) = 0.5 g (1 + tanh u), u = sqrt(2/pi) (g + 0.044715 g^3)
+            __m256 u = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
+                                     _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), g), _mm256_mul_ps(g, g), g));
+            a = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0f), u))));
+        }
+        _mm256_storeu_ps(am + i, _mm256_mul_ps(a, _mm256_loadu_ps(gm + I + i)));
+    }
+}
+
+// h [M, Hd]: token embeddings in (already scaled by the family's embedding scale), residual stream (clobbered).
+// out [M, Hd]: final-normed hidden states. kc, vc: [nL][S][KV][maxlen][hd]. Each layer's cos/sin: [maxlen][hd].
+// M <= STEP_ROWS.
 void llama_step(int M, const int* pos, const int* slot, float* h, const layer_t* Ls, int nL,
-                int Hd, int H, int KV, int hd, int I, float eps,
-                float* kc, float* vc, int S, int maxlen, const float* cosT, const float* sinT,
-                const float* normw, float* out, float* scratch, void* team) {
-    const int NQKV = (H + 2 * KV) * hd;
+                int Hd, int H, int KV, int hd, int I, float eps, const family_t* fam,
+                float* kc, float* vc, int S, int maxlen, const float* normw, float* out, float* scratch, void* team) {
+    const int Q = H * hd, NQKV = (H + 2 * KV) * hd;
     const int R = STEP_ROWS;
-    float* xn = scratch; float* qkv = xn + R * Hd; float* att = qkv + R * NQKV; float* tmp = att + R * Hd;
+    float* xn = scratch; float* qkv = xn + R * Hd; float* att = qkv + R * NQKV; float* tmp = att + R * Q;
     float* gu = tmp + R * Hd; float* act = gu + R * 2 * I; float* sc = act + R * I;
-    const float scale = 1.0f / sqrtf((float)hd);
     team_step_begin((team_t*)team, M); const long t0 = now_ns();
     const size_t cstride_l = (size_t)S * KV * maxlen * hd, cstride_s = (size_t)KV * maxlen * hd, cstride_h = (size_t)maxlen * hd;
     for (int l = 0; l < nL; l++) {
         const layer_t* L = Ls + l;
         rmsnorm(h, (const float*)L->ln1, xn, M, Hd, eps);
         linear(xn, M, Hd, NQKV, L->kind, L->qkv_w, L->qkv_s, L->qkv_z, qkv, team);
-        for (int m = 0; m < M; m++) {  // RoPE and KV write for every row first: a prefill chunk is causal
-            float* q = qkv + (size_t)m * NQKV; float* k = q + H * hd; float* v = k + KV * hd;
-            const float* cs = cosT + (size_t)pos[m] * hd; const float* sn = sinT + (size_t)pos[m] * hd;
+        add_bias(qkv, M, NQKV, L->qkv_b);
+        for (int m = 0; m < M; m++) {  // q/k norms, RoPE and KV write for every row first: a prefill chunk is causal
+            float* q = qkv + (size_t)m * NQKV; float* k = q + Q; float* v = k + KV * hd;
+            if (L->q_norm) { rmsnorm(q, (const float*)L->q_norm, q, H, hd, eps); rmsnorm(k, (const float*)L->k_norm, k, KV, hd, eps); }
+            const float* cs = (const float*)L->cos + (size_t)pos[m] * hd; const float* sn = (const float*)L->sin + (size_t)pos[m] * hd;
             rope(q, H, hd, cs, sn); rope(k, KV, hd, cs, sn);
             for (int g = 0; g < KV; g++) {
                 size_t off = l * cstride_l + slot[m] * cstride_s + g * cstride_h + (size_t)pos[m] * hd;
                 memcpy(kc + off, k + g * hd, hd * sizeof(float)); memcpy(vc + off, v + g * hd, hd * sizeof(float));
             }
         }
-        attn_job aj = {M, H, KV, hd, Hd, NQKV, maxlen, pos, slot, qkv, kc + l * cstride_l, vc + l * cstride_l,
-                       cstride_s, cstride_h, scale, sc, att};
+        attn_job aj = {M, H, KV, hd, Q, NQKV, maxlen, (int)L->window, pos, slot, qkv, kc + l * cstride_l, vc + l * cstride_l,
+                       cstride_s, cstride_h, fam->attn_scale, fam->attn_softcap, sc, att};
         team_run((team_t*)team, attention_region, &aj);
-        linear(att, M, Hd, Hd, L->kind, L->o_w, L->o_s, L->o_z, tmp, team);
+        linear(att, M, Q, Hd, L->kind, L->o_w, L->o_s, L->o_z, tmp, team);
+        add_bias(tmp, M, Hd, L->o_b);
+        if (L->post_attn) rmsnorm(tmp, (const float*)L->post_attn, tmp, M, Hd, eps);
         for (int i = 0; i < M * Hd; i++) h[i] += tmp[i];
         rmsnorm(h, (const float*)L->ln2, xn, M, Hd, eps);
         linear(xn, M, Hd, 2 * I, L->kind, L->gu_w, L->gu_s, L->gu_z, gu, team);
-        for (int m = 0; m < M; m++) {  // SiLU(gate) * up; I % 8 == 0 (a multiple of 64 for int4, 8 for fp32)
-            const float* gm = gu + (size_t)m * 2 * I; float* am = act + (size_t)m * I;
-            for (int i = 0; i < I; i += 8) {
-                __m256 g = _mm256_loadu_ps(gm + i), one = _mm256_set1_ps(1.0f);
-                __m256 sg = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
-                _mm256_storeu_ps(am + i, _mm256_mul_ps(sg, _mm256_loadu_ps(gm + I + i)));
-            }
-        }
+        for (int m = 0; m < M; m++) glu_row(gu + (size_t)m * 2 * I, act + (size_t)m * I, I, fam->act);
         linear(act, M, I, Hd, L->kind, L->dn_w, L->dn_s, L->dn_z, tmp, team);
+        if (L->post_ffn) rmsnorm(tmp, (const float*)L->post_ffn, tmp, M, Hd, eps);
         for (int i = 0; i < M * Hd; i++) h[i] += tmp[i];
     }
     rmsnorm(h, normw, out, M, Hd, eps);
