@@ -297,6 +297,34 @@ def check_backend(arch: Architecture, backend: str, where: str = "config.json") 
                      f"engine.backend={backend}: {verdict}; backends that run it: {_others(arch, backend)}")
 
 
+# GGUF `general.architecture` -> transformers model_type (what a GGUF teacher converts to).
+GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text"}
+
+
+def require_family(model_type: str | None, backend: str, where: str) -> None:
+    """ValueError unless `backend` runs the family `model_type` (family level only: what a profile can check before the
+    model's full config.json is on the host)."""
+    fam = FAMILIES.get(model_type)
+    if fam is None:
+        known = ", ".join(f"{k} ({f.name})" for k, f in FAMILIES.items())
+        raise ValueError(f"{where}: model_type={model_type!r} is not a supported family (supported: {known}); "
+                         "README, 'Model families', lists what each backend runs")
+    verdict = BACKEND_FAMILIES.get(backend, {}).get(model_type, NOT_IMPLEMENTED)
+    if verdict != RUNS:
+        others = ", ".join(b for b in backends_for(model_type) if b != backend) or "none"
+        raise ValueError(f"{where}: the {fam.name} family (model_type {model_type!r}) cannot run on "
+                         f"engine.backend={backend}: {verdict}; backends that run it: {others}")
+
+
+def require(config: dict[str, Any], backend: str, where: str = "config.json") -> Architecture:
+    """describe + check_backend: what a backend's build (or plan) calls first, before any work."""
+    if config.get("model_type") in FAMILIES:  # refused as a family first, whatever else the config says
+        require_family(config["model_type"], backend, where)
+    arch = describe(config, where)
+    check_backend(arch, backend, where)
+    return arch
+
+
 def _others(arch: Architecture, backend: str) -> str:
     return ", ".join(b for b in backends_for(arch.model_type) if b != backend) or "none"
 

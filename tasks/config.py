@@ -692,6 +692,25 @@ class Profile(_Strict):
         return p if p.is_absolute() else REPO_ROOT / p
 
     @model_validator(mode="after")
+    def _family_runs_on_backend(self, info: ValidationInfo):
+        """The model's family (tasks/architecture.py) must be one engine.backend runs: refused here, naming the family,
+        the backend and the backends that run it, whenever the model's config.json (or its GGUF) is already on this
+        host; the build checks it again on the real config.json."""
+        if (info.context or {}).get("resolved"):
+            return self
+        from tasks.architecture import require, require_family
+        from tasks.model_source import teacher_config
+
+        found = teacher_config(self)
+        if found is not None:
+            config, where = found
+            if set(config) == {"model_type"}:  # from a GGUF header: the family is all that is known yet
+                require_family(config["model_type"], self.engine.backend, where)
+            else:
+                require(config, self.engine.backend, where)
+        return self
+
+    @model_validator(mode="after")
     def _nightly_domain_known(self):
         if self.nightly.domain not in self.calibration.sources:
             raise ValueError(

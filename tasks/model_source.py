@@ -159,6 +159,70 @@ def teacher_dir(profile: Profile) -> Path:
         return _teacher_dir_locked(profile, cfg)
 
 
+def teacher_config(profile: Profile) -> tuple[dict, str] | None:
+    """(config, where) of the model the engines will run, read without downloading or converting anything: the
+    student_from directory's config.json, else the teacher's (a local directory, the hub cache), else, for a GGUF
+    already in the work directory's cache, {"model_type"} from its `general.architecture`. None when none of these is
+    on this host yet (the build checks the family again on the real config.json)."""
+    from tasks.architecture import GGUF_ARCHITECTURES
+
+    cfg = profile.teacher
+    paths = [profile.resolve(profile.distill.student_from) / "config.json"] if profile.distill.student_from else []
+    if cfg.source == "local" and cfg.path:
+        paths.append(Path(cfg.path) / "config.json")
+    elif cfg.source == "hub" and cfg.path:
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(cfg.path, "config.json")
+        if isinstance(hit, str):
+            paths.append(Path(hit))
+    for path in paths:
+        if path.exists():
+            return json.loads(path.read_text()), str(path)
+    gguf = profile.work / "cache" / "gguf" / Path(cfg.gguf_member).name
+    if cfg.source == "pypi-gguf" and gguf.exists():
+        arch = gguf_architecture(gguf)
+        return {"model_type": GGUF_ARCHITECTURES.get(arch, f"gguf:{arch}")}, f"{gguf} (general.architecture={arch!r})"
+    return None
+
+
+# GGUF metadata value types -> struct format of a scalar (8: string, 9: array)
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def gguf_architecture(path: Path) -> str | None:
+    """`general.architecture` from a GGUF file's header, reading only the key/value pairs before it (gguf's GGUFReader
+    maps every tensor first: 2.2 s for SmolLM2's file, on every profile load). None when the file does not say."""
+    import struct
+
+    with open(path, "rb") as f:
+        def read(fmt: str):
+            return struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
+
+        def string() -> bytes:
+            return f.read(read("Q"))
+
+        def skip(kind: int) -> None:
+            if kind == 8:
+                string()
+            elif kind == 9:
+                inner, n = read("I"), read("Q")
+                for _ in range(n):
+                    skip(inner)
+            else:
+                f.read(struct.calcsize("<" + _GGUF_SCALARS[kind]))
+
+        if f.read(4) != b"GGUF" or read("I") < 2:
+            return None
+        read("Q")  # tensors
+        for _ in range(read("Q")):
+            key, kind = string(), read("I")
+            if key == b"general.architecture" and kind == 8:
+                return string().decode()
+            skip(kind)
+    return None
+
+
 def _teacher_dir_locked(profile: Profile, cfg: TeacherConfig) -> Path:
     cache = profile.work / "cache"
     gguf = fetch_gguf(cfg, cache)

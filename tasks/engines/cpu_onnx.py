@@ -53,6 +53,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.architecture import require
 from tasks.artifacts import sha256_tree
 from tasks.engines import EngineIncompatibleError, engine_dir as edir, validate_profile
 from tasks.engines.checkpoint import (
@@ -277,6 +278,7 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
     """Compile a dense or compressed-tensors int4 checkpoint into an onnxruntime-genai CPU engine dir."""
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
     prof = validate_profile(BACKEND, profile)
+    require(read_config(checkpoint_dir), BACKEND, f"{checkpoint_dir}/config.json")  # a family its builder takes
     dequantized: str | None = None
     try:
         scheme = detect_scheme(checkpoint_dir)  # raises ValueError before any work for unsupported schemes

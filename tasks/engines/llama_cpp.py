@@ -45,6 +45,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.architecture import require
 from tasks.artifacts import sha256_tree
 from tasks.engines import EngineIncompatibleError, engine_dir as edir, validate_profile
 from tasks.engines.checkpoint import (
@@ -265,20 +266,9 @@ def _rope_heads(name: str, config: dict[str, Any]) -> int | None:
 
 
 def _check_architecture(config: dict[str, Any], where: str) -> None:
-    """ValueError naming the config.json field for what the 'llama' GGUF written here cannot express."""
-    if config.get("model_type") != "llama":
-        raise ValueError(f"{where} model_type={config.get('model_type')!r}: the llama_cpp backend writes 'llama' GGUF "
-                         "files (Llama-architecture checkpoints such as SmolLM2); use the cpu backend for others")
-    for key in ("attention_bias", "mlp_bias"):
-        if config.get(key):
-            raise ValueError(f"{where} {key}=true: biases are not written by the llama_cpp backend")
-    if config.get("rope_scaling"):
-        raise ValueError(f"{where} rope_scaling={config['rope_scaling']!r}: scaled rope is not written by the llama_cpp "
-                         "backend")
-    rope_type = (config.get("rope_parameters") or {}).get("rope_type", "default")
-    if rope_type != "default":
-        raise ValueError(f"{where} rope_parameters.rope_type={rope_type!r}: only 'default' rope is written by the "
-                         "llama_cpp backend")
+    """ValueError naming the family, the field and the backends that run it, for what the 'llama' GGUF written here
+    cannot express (tasks/architecture.py: other families, scaled RoPE, biases)."""
+    require(config, BACKEND, where)
 
 
 def rope_theta(config: dict[str, Any]) -> float:

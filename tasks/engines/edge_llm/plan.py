@@ -32,6 +32,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
+from tasks.architecture import require
 from tasks.engines.checkpoint import InexactWeights, int4_group_scheme, read_config, weight_schemes
 
 BACKEND = "edge_llm"
@@ -321,9 +322,7 @@ def plan_build(checkpoint_dir: Path, profile: dict | None, out_dir: Path | None 
                 "paths": {"export": str(checkpoint_dir), "llm_onnx": str(llm_dir), "engine": str(out_dir),
                           "edge_llm_src": str(src)}}
     config = read_config(checkpoint_dir)
-    if config.get("model_type") != "llama" and "LlamaForCausalLM" not in (config.get("architectures") or []):
-        raise ValueError(f"{checkpoint_dir}/config.json model_type={config.get('model_type')!r}: this backend exports "
-                         "Llama-architecture checkpoints (Edge-LLM's default decoder)")
+    require(config, "edge_llm", f"{checkpoint_dir}/config.json")  # the families this backend exports, or why not
     limit = int(config.get("max_position_embeddings") or 0)
     if limit and bp.max_kv_cache_capacity > limit:
         raise ValueError(f"profile max_kv_cache_capacity={bp.max_kv_cache_capacity} exceeds the model's "

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
+from tasks.architecture import require
 from tasks.engines.checkpoint import read_config, weight_schemes
 
 BACKEND = "tensorrt_llm"
@@ -493,11 +494,7 @@ def plan_build(checkpoint_dir: Path, profile: dict | None, out_dir: Path | None 
     out_dir = Path(out_dir) if out_dir is not None else Path("engine")
     name, build_profile, options = resolve_profile(profile)
     config = read_config(checkpoint_dir)
-    if config.get("model_type") != "llama" and "LlamaForCausalLM" not in (config.get("architectures") or []):
-        raise ValueError(
-            f"{checkpoint_dir}/config.json model_type={config.get('model_type')!r}: this backend converts Llama-architecture "
-            "checkpoints (examples/llama)"
-        )
+    require(config, "tensorrt_llm", f"{checkpoint_dir}/config.json")  # the families this backend converts (examples/llama)
     limit = int(config.get("max_position_embeddings") or 0)
     if limit and build_profile.max_seq_len > limit:
         raise ValueError(
