@@ -263,7 +263,9 @@ RUNS = "runs"
 # "not implemented by this backend". Cells are what the code does; README marks the GPU backends unverified on GPU.
 BACKEND_FAMILIES: dict[str, dict[str, str]] = {
     "cpu_native": {mt: RUNS for mt in FAMILIES},
-    "cpu": {"llama": RUNS, "mistral": RUNS, "qwen2": RUNS, "qwen3": RUNS,
+    "cpu": {"llama": RUNS, "qwen2": RUNS, "qwen3": RUNS,
+            "mistral": "onnxruntime-genai's sliding-window GroupQueryAttention fails when scoring a Mistral model built by its "
+                       "builder (total_sequence_length must equal past + kv length); use cpu_native",
             "gemma2": "not taken by this backend's converter in edgeflow (its builder's Gemma path is not wired or tested here)",
             "gemma3_text": "onnxruntime-genai's builder fails on Gemma 3 configs (KeyError 'rope_type'); use cpu_native"},
     "llama_cpp": {"llama": RUNS},
