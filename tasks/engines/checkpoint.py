@@ -98,6 +98,11 @@ def weight_schemes(config: dict[str, Any], where: str = "config.json", engine: s
         return None
     where = f"{where} quantization_config"
     method = qc.get("quant_method")
+    if method in ("awq", "gptq"):
+        raise ValueError(
+            f"{where}.quant_method={method!r}: an AutoAWQ/GPTQ checkpoint; import it once, bit-exactly, with "
+            "`python -m tasks.engines.checkpoint import SRC DST` and build from DST (compressed-tensors)"
+        )
     if method != "compressed-tensors":
         raise ValueError(
             f"{where}.quant_method={method!r}: the {engine} engine builds llm-compressor 'compressed-tensors' "
@@ -371,3 +376,145 @@ def write_gptq_int4(checkpoint_dir: Path, out_dir: Path, scheme: WeightScheme) -
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     copy_tokenizer_files(checkpoint_dir, out_dir)
     return {"linear_layers": len(prefixes), "tensors": len(out)}
+
+
+# --------------------------------------------------------------------------------------------
+# Pre-quantized checkpoints: AutoAWQ (GEMM) and GPTQ (AutoGPTQ / GPTQModel), imported once as compressed-tensors
+# --------------------------------------------------------------------------------------------
+
+# AutoAWQ's GEMM layout packs 8 output columns per int32 in this order (nibble i holds column 8c + AWQ_ORDER[i]).
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def prequantized(config: dict[str, Any]) -> str | None:
+    """'awq' or 'gptq' for an AutoAWQ / AutoGPTQ / GPTQModel checkpoint (import_prequantized reads it), else None."""
+    method = (config.get("quantization_config") or {}).get("quant_method")
+    return method if method in ("awq", "gptq") else None
+
+
+def _prequantized_layer(tensors: dict[str, np.ndarray], prefix: str, qc: dict[str, Any], where: str
+                        ) -> tuple[QuantizedLayer, np.ndarray | None]:
+    """(the layer's integers, zero points and scales as `layer` gives them; its g_idx when the groups are permuted)."""
+    method, bits = qc["quant_method"], int(qc.get("bits") or qc.get("w_bit") or 0)
+    qweight, qzeros = tensors[f"{prefix}.qweight"], tensors[f"{prefix}.qzeros"]
+    scales = np.asarray(tensors[f"{prefix}.scales"], dtype=np.float32)  # fp16 widened exactly
+    if method == "awq":  # qweight [in, out/8], qzeros [groups, out/8], scales [groups, out]
+        inv = np.argsort(AWQ_ORDER)
+
+        def cols(words: np.ndarray) -> np.ndarray:  # unpack along outputs, undoing AWQ's interleave
+            v = unpack_int32_le(words, 4).reshape(words.shape[0], -1, 8)
+            return v[:, :, inv].reshape(words.shape[0], -1)
+
+        q, zero, g_idx = cols(qweight).T, cols(qzeros).T, None
+    else:  # gptq: qweight [in*bits/32, out] packed along inputs, qzeros [groups, out*bits/32], scales [groups, out]
+        q = unpack_int32_le(np.ascontiguousarray(qweight.T), bits)
+        stored = unpack_int32_le(qzeros, bits).T.astype(np.int16)
+        v2 = qc.get("checkpoint_format") == "gptq_v2"  # GPTQModel's v2 stores the zero point; v1 stores zero - 1
+        zero = (stored if v2 else (stored + 1) & ((1 << bits) - 1)).astype(np.uint8)
+        g = tensors.get(f"{prefix}.g_idx")
+        n_in = q.shape[1]
+        gs = int(qc.get("group_size") or n_in) if int(qc.get("group_size") or -1) > 0 else n_in
+        g_idx = None if g is None or np.array_equal(np.asarray(g).astype(np.int64), np.arange(n_in) // gs) else np.asarray(g, np.int32)
+    scale = np.ascontiguousarray(scales.T)
+    if not (q.shape[0] == scale.shape[0] == zero.shape[0] and zero.shape[1] == scale.shape[1]):
+        raise ValueError(f"{where}: {prefix}: qweight {qweight.shape} / qzeros {qzeros.shape} / scales {scales.shape} "
+                         f"do not describe one {method} layer")
+    return QuantizedLayer(q=np.ascontiguousarray(q), zero=np.ascontiguousarray(zero), scale=scale), g_idx
+
+
+def import_prequantized(src: Path, dst: Path) -> WeightScheme:
+    """Rewrite an AutoAWQ (GEMM, 4-bit) or GPTQ (AutoGPTQ v1 / GPTQModel v2, 4- or 8-bit, with or without act-order)
+    checkpoint as llm-compressor's compressed-tensors pack-quantized format, bit-exactly: the same integers, zero
+    points and fp16 scales (widened to fp32). Every backend and the gate then read it through this module, as any
+    checkpoint this pipeline quantized. Returns the source's scheme.
+
+    Act-order (desc_act) puts columns in groups by g_idx, not by position; compressed-tensors 0.19 has no form for
+    that any more (actorder 'group' was removed), so such a checkpoint is written dense: each weight is
+    (q - zero[g_idx]) * scale[g_idx], exact in fp32, and config.json's `edgeflow_imported_from` says what it was.
+
+        python -m tasks.engines.checkpoint import Qwen2.5-0.5B-Instruct-AWQ imported/
+    """
+    src, dst = Path(src), Path(dst)
+    config = read_config(src)
+    where = f"{src}/config.json quantization_config"
+    qc = dict(config.get("quantization_config") or {})
+    method = prequantized(config)
+    if method is None:
+        raise ValueError(f"{where}.quant_method={qc.get('quant_method')!r}: not an AutoAWQ or GPTQ checkpoint")
+    bits = int(qc.get("bits") or qc.get("w_bit") or 0)
+    if method == "awq" and (str(qc.get("version", "gemm")).lower() != "gemm" or bits != 4 or qc.get("zero_point") is False):
+        raise ValueError(f"{where}: version={qc.get('version')!r} bits={bits} zero_point={qc.get('zero_point')!r}: only AutoAWQ's "
+                         "GEMM layout (4-bit, with zero points) is read; re-export it as GEMM")
+    if method == "gptq" and bits not in (4, 8):
+        raise ValueError(f"{where}.bits={bits}: GPTQ checkpoints of 4 or 8 bits are read")
+    tensors = load_tensors(src)
+    prefixes = sorted({k[: -len(".qweight")] for k in tensors if k.endswith(".qweight")})
+    if not prefixes:
+        raise ValueError(f"{src}: quant_method {method!r} but no *.qweight tensors")
+    bad = [p for p in prefixes if not LINEAR_RE.match(p)]
+    if bad:
+        raise ValueError(f"{src}: quantized tensor {bad[0]} is not a decoder linear layer")
+    out = {k: v for k, v in tensors.items() if k.rpartition(".")[2] not in ("qweight", "qzeros", "scales", "g_idx")}
+    group_sizes, act_order, symmetric = set(), False, True
+    for prefix in prefixes:
+        q, g_idx = _prequantized_layer(tensors, prefix, qc, where)
+        n_out, n_in = q.q.shape
+        group_sizes.add(n_in // q.scale.shape[1])
+        symmetric &= bool((q.zero == 1 << (bits - 1)).all())
+        act_order |= g_idx is not None
+        out[f"{prefix}.weight_packed"] = pack_int32_le(q.q, bits)
+        out[f"{prefix}.weight_scale"] = q.scale
+        out[f"{prefix}.weight_shape"] = np.asarray([n_out, n_in], dtype=np.int64)
+        out[f"{prefix}.weight_zero_point"] = np.ascontiguousarray(pack_int32_le(np.ascontiguousarray(q.zero.T), bits).T)
+        out[f"{prefix}.zero"] = q.zero  # dropped below when every layer turns out symmetric
+    if len(group_sizes) != 1:
+        raise ValueError(f"{src}: layers use group sizes {sorted(group_sizes)}; one group size is expected")
+    gs = group_sizes.pop()
+    source = {"quant_method": method, **{k: qc[k] for k in sorted(qc) if k != "quant_method"}}
+    if act_order:
+        for prefix in prefixes:
+            q, g_idx = _prequantized_layer(tensors, prefix, qc, where)
+            g = np.arange(q.q.shape[1]) // gs if g_idx is None else g_idx
+            w = (q.q.astype(np.float32) - q.zero[:, g].astype(np.float32)) * q.scale[:, g]  # exact: |q - z| < 2**bits
+            for leaf in ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point", "weight_g_idx", "zero"):
+                out.pop(f"{prefix}.{leaf}", None)
+            out[f"{prefix}.weight"] = w
+        del config["quantization_config"]
+        config["edgeflow_imported_from"] = source | {"written": "dense: act-order groups have no compressed-tensors form"}
+        _save_imported(src, dst, out, config)
+        return WeightScheme(bits=bits, type="int", strategy="group", group_size=gs, symmetric=symmetric, actorder="group",
+                            format=method)
+    for prefix in prefixes:
+        del out[f"{prefix}.zero"]
+        if symmetric:  # compressed-tensors stores no zero point for a symmetric scheme (2**(bits-1) implied)
+            del out[f"{prefix}.weight_zero_point"]
+    weights = {"num_bits": bits, "type": "int", "symmetric": symmetric, "strategy": "group", "group_size": gs,
+               "actorder": "group" if act_order else None, "dynamic": False, "observer": "minmax", "observer_kwargs": {},
+               "block_structure": None, "scale_dtype": None, "zp_dtype": None if symmetric else "torch.int8"}
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
+                                      "output_activations": None, "format": "pack-quantized"}},
+        "ignore": ["lm_head"], "kv_cache_scheme": None, "sparsity_config": {}, "transform_config": {},
+        "global_compression_ratio": None,
+    }
+    config["edgeflow_imported_from"] = source
+    _save_imported(src, dst, out, config)
+    return next(iter(weight_schemes(config, f"{dst}/config.json").values()))
+
+
+def _save_imported(src: Path, dst: Path, tensors: dict[str, np.ndarray], config: dict[str, Any]) -> None:
+    from safetensors.numpy import save_file
+
+    dst.mkdir(parents=True, exist_ok=True)
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    copy_tokenizer_files(src, dst)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 4 or sys.argv[1] != "import":
+        raise SystemExit("usage: python -m tasks.engines.checkpoint import SRC_DIR DST_DIR")
+    print(import_prequantized(Path(sys.argv[2]), Path(sys.argv[3])).summary())
