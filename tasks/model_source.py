@@ -293,10 +293,11 @@ def _teacher_dir_locked(profile: Profile, cfg: TeacherConfig) -> Path:
     gguf = fetch_gguf(cfg, cache)
     gguf_sha = sha256_file(gguf)
     template = profile.resolve(cfg.chat_template).read_text() if cfg.chat_template else None
-    suffix = f"-{sha256_json({'chat_template': template})[:8]}" if template is not None else ""
-    out = profile.work / "models" / f"teacher-{gguf_sha[:16]}{suffix}"
+    key = conversion_key(gguf_sha, template)
+    # named by what the conversion depends on: a changed conversion (tokenizer fixes, transformers) converts again
+    out = profile.work / "models" / f"teacher-{key}"
     machine = model_cache()
-    kept = machine / f"teacher-{conversion_key(gguf_sha, template)}" if machine else None
+    kept = machine / f"teacher-{key}" if machine else None
     if (out / "model.safetensors").exists():
         if kept is not None and not (kept / "model.safetensors").exists() and cached_teacher(out):
             _remember(out, kept)  # converted before the machine cache existed

@@ -27,7 +27,7 @@ def test_a_new_work_directory_links_the_machines_converted_teacher_instead_of_co
     kept.parent.mkdir(parents=True)
     ms._link_tree(Path(teacher_dir), kept)  # what a conversion on this machine left there
     out = ms.teacher_dir(profile)
-    assert out == tmp_path / "clone" / "models" / f"teacher-{sha256_file(gguf)[:16]}"
+    assert out == tmp_path / "clone" / "models" / f"teacher-{ms.conversion_key(sha256_file(gguf))}"
     verify_manifest(out)
     assert os.stat(out / "model.safetensors").st_ino == os.stat(kept / "model.safetensors").st_ino  # linked, not converted
     assert ms.teacher_dir(profile) == out  # and found in the work directory from then on
@@ -56,7 +56,7 @@ def test_the_key_follows_the_gguf_and_the_cache_can_be_switched_off(monkeypatch)
 def test_a_teacher_converted_before_the_machine_cache_existed_is_remembered(teacher_dir, tmp_path, monkeypatch):
     monkeypatch.setenv(ms.MODEL_CACHE_ENV, str(tmp_path / "machine"))
     profile, gguf = _profile_with_gguf(tmp_path / "old-clone")
-    out = profile.work / "models" / f"teacher-{sha256_file(gguf)[:16]}"
+    out = profile.work / "models" / f"teacher-{ms.conversion_key(sha256_file(gguf))}"
     out.parent.mkdir(parents=True)
     ms._link_tree(Path(teacher_dir), out)  # an older checkout's converted teacher
     assert ms.teacher_dir(profile) == out
@@ -91,8 +91,8 @@ def test_a_second_resolver_waits_for_the_one_converting(teacher_dir, tmp_path, m
         proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, env=os.environ.copy(), stdout=subprocess.PIPE, text=True)
         time.sleep(5)
         assert proc.poll() is None  # waiting for the lock
-        assert not (profile.work / "models" / f"teacher-{sha256_file(gguf)[:16]}").exists()
+        assert not (profile.work / "models" / f"teacher-{ms.conversion_key(sha256_file(gguf))}").exists()
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0
-    assert Path(out.strip()) == profile.work / "models" / f"teacher-{sha256_file(gguf)[:16]}"
+    assert Path(out.strip()) == profile.work / "models" / f"teacher-{ms.conversion_key(sha256_file(gguf))}"
     verify_manifest(Path(out.strip()))
