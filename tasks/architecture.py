@@ -271,7 +271,7 @@ BACKEND_FAMILIES: dict[str, dict[str, str]] = {
                        "builder (total_sequence_length must equal past + kv length); use cpu_native",
             "gemma2": "not taken by this backend's converter in edgeflow (its builder's Gemma path is not wired or tested here)",
             "gemma3_text": "onnxruntime-genai's builder fails on Gemma 3 configs (KeyError 'rope_type'); use cpu_native"},
-    "llama_cpp": {"llama": RUNS},
+    "llama_cpp": {mt: RUNS for mt in FAMILIES},
     "tensorrt_llm": {"llama": RUNS},
     "edge_llm": {"llama": RUNS,
                  "gemma2": "TensorRT Edge-LLM supports no Gemma 2 (docs: supported-models.md)",
@@ -291,10 +291,7 @@ def check_backend(arch: Architecture, backend: str, where: str = "config.json") 
     """ValueError unless `backend` runs `arch`'s family: names the family, the backend, why, and which backends can."""
     verdict = BACKEND_FAMILIES.get(backend, {}).get(arch.model_type, NOT_IMPLEMENTED)
     if verdict == RUNS:
-        if backend == "llama_cpp" and any(r.type != "default" for r in arch.rope.values()):
-            raise ValueError(f"{where}: {arch.family} with rope_type {arch.rope['full_attention'].type!r}: the llama_cpp "
-                             f"backend writes only the default RoPE; backends that run it: {_others(arch, backend)}")
-        if backend in ("llama_cpp", "tensorrt_llm", "edge_llm") and (arch.qkv_bias or arch.o_bias or arch.mlp_bias):
+        if backend in ("tensorrt_llm", "edge_llm") and (arch.qkv_bias or arch.o_bias or arch.mlp_bias):
             raise ValueError(f"{where}: {arch.family} with attention_bias/mlp_bias: engine.backend={backend} converts "
                              f"bias-free Llama layers only; backends that run it: {_others(arch, backend)}")
         return

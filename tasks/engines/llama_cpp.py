@@ -5,7 +5,8 @@ llama-cpp-python (built from its sdist at install; see README "Engines").
 
 What it does, per interface function (see `tasks/engines/__init__.py`):
 
-* `build` writes `model.gguf` (GGUF v3, architecture `llama`) itself, with the `gguf` package: nothing is
+* `build` writes `model.gguf` (GGUF v3; architecture `llama`, `qwen2`, `qwen3`, `gemma2` or `gemma3`, as GGUF_ARCH
+  maps the family) itself, with the `gguf` package: nothing is
   re-quantized. Each llm-compressor layer's stored integers become llama.cpp blocks of 32 weights:
   - int4 asymmetric (AWQ/RTN) -> Q4_1: w = d*q + m with d = scale and m = -scale*zero, both in fp16;
   - int4 symmetric (GPTQ)     -> Q4_0: w = d*(q - 8) with d = scale in fp16;
@@ -16,8 +17,9 @@ What it does, per interface function (see `tasks/engines/__init__.py`):
   Schemes blocks cannot hold (asymmetric int8, a group size that is not a multiple of 32, act-order groups)
   build from the exactly dequantized weights (`inexact_weights: dequantize`, recorded under `dequantized`)
   or raise (`error`). The embedding / tied lm_head table is `head` (f32 exact by default), other dense
-  linears `dense`; norms stay f32. q_proj/k_proj rows are permuted from Hugging Face's rotate-half order to
-  llama.cpp's interleaved rope, as llama.cpp's own converter does. Tokenizer metadata comes from
+  linears `dense`; norms and biases stay f32 (Gemma's (1 + w) norms folded to w' = 1 + w). For the `llama` graph
+  only, q_proj/k_proj rows are permuted from Hugging Face's rotate-half order to llama.cpp's interleaved rope, as
+  llama.cpp's own converter does; what a family's graph cannot compute is refused before any work. Tokenizer metadata comes from
   tokenizer.json (BPE); edgeflow passes token ids, so llama.cpp's tokenizer never encodes a request.
 * `generate` evaluates the prompt, then one token per step, on a llama.cpp context (its own KV cache) taken
   from the session's pool: concurrent calls use different contexts over the same memory-mapped weights.
@@ -39,13 +41,14 @@ import queue
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.architecture import require
+from tasks.architecture import Architecture, Rope, require
 from tasks.artifacts import sha256_tree
 from tasks.engines import EngineIncompatibleError, engine_dir as edir, validate_profile
 from tasks.engines.checkpoint import (
@@ -66,7 +69,7 @@ from tasks.engines.sampling import PARAMETERS, Sampler, SamplingParams
 
 BACKEND = "llama_cpp"
 # The writer's own version: bump it when what `build` writes changes (part of build_identity, the cache key).
-WRITER = "edgeflow gguf writer 1"
+WRITER = "edgeflow gguf writer 2"  # 2: per-family GGUF architectures
 FORMAT = "gguf v3 (llama.cpp)"
 GGUF_FILE = "model.gguf"
 BLOCK = 32  # weights per Q4_0 / Q4_1 / Q8_0 block
@@ -102,27 +105,48 @@ class Profile(BaseModel):
 
 DEFAULT_PROFILE: dict[str, Any] = Profile().model_dump()
 
-# Hugging Face Llama names -> GGUF names (llama.cpp's LLM_ARCH_LLAMA tensors).
-_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight"}
-_LAYER = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
-          "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-          "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-          "mlp.down_proj": "ffn_down"}
+# What each family is written as: transformers model_type -> the llama.cpp GGUF architecture whose graph computes it
+# (llama.cpp's own converter makes the same choices: Mistral is its Llama class). Tensor names come from the gguf
+# package's per-architecture table (llama.cpp's tensor-name map), not from a table here.
+GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
+             "gemma3_text": "gemma3"}
+# RoPE kinds each GGUF architecture's graph applies, per attention kind: `llama` reads per-dimension factors
+# (rope_freqs, which express llama3 scaling) and a linear scale; qwen2/qwen3 a linear scale; gemma3 a linear scale on
+# its global layers and its own base on the sliding ones; gemma2 one default table.
+GGUF_ROPES = {"llama": {"default", "linear", "llama3"}, "qwen2": {"default", "linear"}, "qwen3": {"default", "linear"},
+              "gemma2": {"default"}, "gemma3": {"default", "linear"}}
+# GGUF architectures whose llama.cpp graph takes q/k in interleaved pairs (LLAMA_ROPE_TYPE_NORM): rows are permuted
+# from Hugging Face's rotate-half order at build. The others are NEOX (rotate-half), as in Hugging Face.
+INTERLEAVED_ROPE = {"llama"}
 
 
-def _gguf_name(hf: str) -> str:
-    """The GGUF tensor name of a Hugging Face Llama tensor (ValueError naming it if llama.cpp has none)."""
-    if hf in _TOP:
-        return _TOP[hf]
-    parts = hf.split(".")
-    if len(parts) >= 4 and parts[:2] == ["model", "layers"] and parts[2].isdigit():
-        rest = ".".join(parts[3:])
-        if rest in _LAYER:
-            return f"blk.{parts[2]}.{_LAYER[rest]}"
-        if rest.endswith(".weight") and rest[: -len(".weight")] in _LAYER:
-            return f"blk.{parts[2]}.{_LAYER[rest[: -len('.weight')]]}.weight"
-    raise ValueError(f"tensor {hf!r} has no place in a llama.cpp 'llama' GGUF (biases and extra tensors are not supported)")
+def gguf_arch(config: dict[str, Any]) -> str:
+    """The GGUF architecture `config`'s family is written as (KeyError for a family this backend does not write)."""
+    return GGUF_ARCH[config["model_type"]]
+
+
+@lru_cache(maxsize=16)
+def _name_map(arch: str, n_blocks: int) -> Any:
+    import gguf
+
+    kind = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    return gguf.get_tensor_name_map(kind, n_blocks)
+
+
+def _gguf_name(hf: str, arch: str = "llama", n_blocks: int = 64) -> str:
+    """The GGUF tensor name of a Hugging Face tensor in `arch` (ValueError naming it if llama.cpp's `arch` has none)."""
+    name = _name_map(arch, n_blocks).get_name(hf, try_suffixes=(".weight", ".bias"))
+    if name is None:
+        raise ValueError(f"tensor {hf!r} has no place in a llama.cpp {arch!r} GGUF")
+    return name
+
+
+def llama_cpp_attn_scale(arch: Architecture, gguf: str) -> float:
+    """The query scale llama.cpp's `gguf` graph applies: 1/sqrt(head_dim), except Gemma 2/3 at the 27B layer counts
+    (46 / 62), where Google's reference uses 1/sqrt(hidden / heads) (llama.cpp src/models/gemma2.cpp, gemma3.cpp)."""
+    if (gguf, arch.num_hidden_layers) in (("gemma2", 46), ("gemma3", 62)):
+        return float(arch.hidden_size // arch.num_attention_heads) ** -0.5
+    return float(arch.head_dim) ** -0.5
 
 
 # --------------------------------------------------------------------------------------------
@@ -253,6 +277,10 @@ def permute_rope_rows(a: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def _rope_heads(name: str, config: dict[str, Any]) -> int | None:
+    """Heads whose rows `name` permutes into llama.cpp's interleaved pairs (q_proj, k_proj of an INTERLEAVED_ROPE
+    architecture), else None."""
+    if GGUF_ARCH.get(config.get("model_type")) not in INTERLEAVED_ROPE:
+        return None
     if name.endswith("self_attn.q_proj"):
         return int(config["num_attention_heads"])
     if name.endswith("self_attn.k_proj"):
@@ -265,10 +293,27 @@ def _rope_heads(name: str, config: dict[str, Any]) -> int | None:
 # --------------------------------------------------------------------------------------------
 
 
-def _check_architecture(config: dict[str, Any], where: str) -> None:
-    """ValueError naming the family, the field and the backends that run it, for what the 'llama' GGUF written here
-    cannot express (tasks/architecture.py: other families, scaled RoPE, biases)."""
-    require(config, BACKEND, where)
+def _check_architecture(config: dict[str, Any], where: str) -> Architecture:
+    """The model's Architecture, or a ValueError naming the field, its value and the backends that run it, for what
+    the GGUF written here cannot express (tasks/architecture.py's matrix, then what each GGUF architecture's llama.cpp
+    graph computes: its RoPE kinds, a sliding window only where the graph has one, q/k/v biases only)."""
+    arch = require(config, BACKEND, where)
+    g = GGUF_ARCH[arch.model_type]
+    for kind, r in arch.rope.items():
+        if r.type not in GGUF_ROPES[g] or (g == "gemma3" and kind == "sliding_attention" and r.type != "default"):
+            raise ValueError(f"{where}: {arch.family} with rope_type {r.type!r} on its {kind} layers: llama.cpp's {g!r} "
+                             f"graph applies {sorted(GGUF_ROPES[g])}; use engine.backend=cpu_native")
+    if arch.sliding_window is not None and not g.startswith("gemma") and arch.sliding_window < arch.context_length:
+        raise ValueError(f"{where}: {arch.family} with sliding_window={arch.sliding_window} (shorter than "
+                         f"max_position_embeddings={arch.context_length}): llama.cpp's {g!r} graph has no sliding window; "
+                         "use engine.backend=cpu_native")
+    if g == "gemma2" and not arch.tie_word_embeddings:
+        raise ValueError(f"{where}: Gemma 2 with tie_word_embeddings=false: llama.cpp's 'gemma2' graph always reads its "
+                         "head from the token embedding; use engine.backend=cpu_native")
+    if arch.o_bias or arch.mlp_bias:
+        raise ValueError(f"{where}: {arch.family} with an o_proj or MLP bias: the GGUF written here carries q/k/v biases "
+                         "only; use engine.backend=cpu_native")
+    return arch
 
 
 def rope_theta(config: dict[str, Any]) -> float:
@@ -326,37 +371,49 @@ def write_gguf(checkpoint_dir: Path, out: Path, prof: Profile, dequantized_from:
     `dequantized_from`: a dense float32 state dict to use instead of the checkpoint's tensors (a quantized
     checkpoint built dense from its exactly dequantized weights).
     """
-    from gguf import GGMLQuantizationType, GGUFWriter, SpecialVocab
+    from gguf import MODEL_TENSOR, TENSOR_NAMES, GGMLQuantizationType, GGUFWriter, RopeScalingType, SpecialVocab
 
     checkpoint_dir = Path(checkpoint_dir)
     where = f"{checkpoint_dir}/config.json"
     config = read_config(checkpoint_dir)
-    _check_architecture(config, where)
+    arch = _check_architecture(config, where)
+    g = GGUF_ARCH[arch.model_type]
     schemes = None if dequantized_from is not None else detect_schemes(checkpoint_dir)
     if dequantized_from is not None:
         tensors, prefixes = dequantized_from, []
     else:
         tensors = load_tensors(checkpoint_dir)
         prefixes = split_tensors(tensors, checkpoint_dir)[1] if schemes else []
-    n_vocab = int(config["vocab_size"])
-    heads = int(config["num_attention_heads"])
-    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
-    tied = bool(config.get("tie_word_embeddings", False))
+    n_vocab, heads, head_dim = arch.vocab_size, arch.num_attention_heads, arch.head_dim
+    n_layers = arch.num_hidden_layers
+    full = arch.rope.get("full_attention") or next(iter(arch.rope.values()))
 
-    w = GGUFWriter(str(out), "llama")
+    w = GGUFWriter(str(out), g)
     w.add_name(str(config.get("_name_or_path") or checkpoint_dir.name) or "edgeflow")
-    w.add_context_length(int(config["max_position_embeddings"]))
-    w.add_embedding_length(int(config["hidden_size"]))
-    w.add_block_count(int(config["num_hidden_layers"]))
-    w.add_feed_forward_length(int(config["intermediate_size"]))
+    w.add_context_length(arch.context_length)
+    w.add_embedding_length(arch.hidden_size)
+    w.add_block_count(n_layers)
+    w.add_feed_forward_length(arch.intermediate_size)
     w.add_head_count(heads)
-    w.add_head_count_kv(int(config.get("num_key_value_heads") or heads))
+    w.add_head_count_kv(arch.num_key_value_heads)
     w.add_rope_dimension_count(head_dim)
-    if head_dim != int(config["hidden_size"]) // heads:
+    if head_dim != arch.hidden_size // heads or g.startswith("gemma"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    w.add_rope_freq_base(rope_theta(config))
-    w.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-6)))
+    w.add_rope_freq_base(full.theta)
+    if full.type == "linear":
+        w.add_rope_scaling_type(RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(float(full.factor))
+    w.add_layer_norm_rms_eps(arch.rms_norm_eps)
+    if g.startswith("gemma"):  # always the per-layer list: llama.cpp's own default pattern (2 or 6) is not the model's
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in arch.layer_types])
+        if arch.sliding_window is not None:
+            w.add_sliding_window(arch.sliding_window)
+            w.add_rope_freq_base_swa((arch.rope.get("sliding_attention") or full).theta)
+    if arch.attn_softcap:
+        w.add_attn_logit_softcapping(arch.attn_softcap)
+    if arch.final_softcap:
+        w.add_final_logit_softcapping(arch.final_softcap)
     w.add_vocab_size(n_vocab)
     w.add_quantization_version(2)
     tokens, types = _vocab(checkpoint_dir, n_vocab, where)
@@ -367,19 +424,33 @@ def write_gguf(checkpoint_dir: Path, out: Path, prof: Profile, dequantized_from:
 
     types_written: dict[str, int] = {}
     rounding: dict[str, dict[str, float]] = {}
+    # Fixed once here, not per token: Gemma's (1 + w) norms become w' = 1 + w, and where llama.cpp's graph scales the
+    # queries other than the model does (query_pre_attn_scalar), the ratio is folded into the queries: into q_norm
+    # (Gemma 3: RMSNorm output times w') or into q_proj's rows (Gemma 2, whose queries go straight to RoPE, a linear map).
+    q_fold = arch.attn_scale / llama_cpp_attn_scale(arch, g)
+    q_fold = 1.0 if abs(q_fold - 1.0) < 1e-12 else q_fold
 
     def add(hf_name: str, data: np.ndarray, raw_dtype: Any, kind: str) -> None:
-        w.add_tensor(_gguf_name(hf_name), data, raw_dtype=raw_dtype)
+        w.add_tensor(_gguf_name(hf_name, g, n_layers), data, raw_dtype=raw_dtype)
         types_written[kind] = types_written.get(kind, 0) + 1
+
+    if full.type == "llama3":  # per-dimension divisors of the default frequencies (llama.cpp's rope_freqs)
+        default = Rope(type="default", theta=full.theta).inv_freq(head_dim)
+        w.add_tensor(TENSOR_NAMES[MODEL_TENSOR.ROPE_FREQS] + ".weight", (default / full.inv_freq(head_dim)).astype(np.float32))
+        types_written["f32"] = types_written.get("f32", 0) + 1
 
     quant_prefixes = set(prefixes)
     for name in sorted(tensors):
         prefix, _, leaf = name.rpartition(".")
-        if prefix in quant_prefixes:
+        folds_q = q_fold != 1.0 and ((arch.qk_norm and prefix.endswith("self_attn.q_norm"))
+                                     or (not arch.qk_norm and prefix.endswith("self_attn.q_proj")))
+        if prefix in quant_prefixes and leaf != "bias":  # a quantized layer's bias is written dense, below
             if leaf != "weight_packed":
                 continue
             s = _layer_scheme(tensors, prefix, schemes)
             q = layer(tensors, prefix, s)
+            if folds_q:
+                q = QuantizedLayer(q.q, q.zero, (q.scale * np.float32(q_fold)).astype(q.scale.dtype))
             if (n := _rope_heads(prefix, config)) is not None:
                 q = QuantizedLayer(permute_rope_rows(q.q, n), permute_rope_rows(q.zero, n), permute_rope_rows(q.scale, n))
             kind, blocks, r = encode_blocks(q, s.bits, s.symmetric)
@@ -389,16 +460,21 @@ def write_gguf(checkpoint_dir: Path, out: Path, prof: Profile, dequantized_from:
                 agg[k] = max(agg[k], v)
             continue
         x = np.asarray(tensors[name].detach().numpy() if hasattr(tensors[name], "detach") else tensors[name])
-        if name == "lm_head.weight" and tied:
+        if name == "lm_head.weight" and arch.tie_word_embeddings:
             continue  # llama.cpp reads a tied head from token_embd
         if name in ("model.embed_tokens.weight", "lm_head.weight"):
             data, raw = _dense(x, prof.head)
             add(name, data, raw, prof.head)
-        elif x.ndim == 1:  # norms: llama.cpp computes them in f32
+            continue
+        if name.endswith("norm.weight") and arch.norm_offset:
+            x = x.astype(np.float32) + np.float32(arch.norm_offset)
+        if folds_q:
+            x = x.astype(np.float32) * np.float32(q_fold)
+        if (n := _rope_heads(prefix, config)) is not None:
+            x = permute_rope_rows(x, n)  # weights and biases alike: rows
+        if x.ndim == 1:  # norms and biases: llama.cpp computes them in f32
             add(name, np.ascontiguousarray(x, dtype=np.float32), None, "f32")
         else:
-            if (n := _rope_heads(prefix, config)) is not None:
-                x = permute_rope_rows(x, n)
             data, raw = _dense(x, prof.dense)
             add(name, data, raw, prof.dense)
     if "model.embed_tokens.weight" not in tensors:
@@ -589,9 +665,11 @@ def _gguf_sizes(path: Path) -> tuple[int, int]:
     from gguf import GGUFReader
 
     reader = GGUFReader(str(path))
-    vocab, ctx = reader.get_field("llama.vocab_size"), reader.get_field("llama.context_length")
+    field = reader.get_field("general.architecture")
+    g = field.contents() if field is not None else "llama"
+    vocab, ctx = reader.get_field(f"{g}.vocab_size"), reader.get_field(f"{g}.context_length")
     if vocab is None or ctx is None:
-        raise EngineIncompatibleError(f"{path}: no llama.vocab_size / llama.context_length; rebuild the engine")
+        raise EngineIncompatibleError(f"{path}: no {g}.vocab_size / {g}.context_length; rebuild the engine")
     return int(vocab.contents()), int(ctx.contents())
 
 

@@ -115,11 +115,12 @@ def test_a_config_no_backend_understands_is_refused_naming_the_field(edit: dict,
 
 
 @pytest.mark.parametrize("model_type, backend, message", [
-    ("gemma3_text", "llama_cpp", r"the Gemma 3 family \(model_type 'gemma3_text'\) cannot run on engine.backend=llama_cpp: "
-                                 r"not implemented by this backend yet; backends that run it: cpu_native, vllm"),
-    ("gemma2", "edge_llm", r"TensorRT Edge-LLM supports no Gemma 2 .*backends that run it: cpu_native, vllm"),
-    ("gemma3_text", "cpu", r"KeyError 'rope_type'.*backends that run it: cpu_native, vllm"),
-    ("qwen3", "tensorrt_llm", r"backends that run it: cpu_native, cpu, vllm"),
+    ("gemma3_text", "tensorrt_llm", r"the Gemma 3 family \(model_type 'gemma3_text'\) cannot run on "
+                                    r"engine.backend=tensorrt_llm: not implemented by this backend yet; backends that run "
+                                    r"it: cpu_native, llama_cpp, vllm"),
+    ("gemma2", "edge_llm", r"TensorRT Edge-LLM supports no Gemma 2 .*backends that run it: cpu_native, llama_cpp, vllm"),
+    ("gemma3_text", "cpu", r"KeyError 'rope_type'.*backends that run it: cpu_native, llama_cpp, vllm"),
+    ("qwen3", "tensorrt_llm", r"backends that run it: cpu_native, cpu, llama_cpp, vllm"),
 ])
 def test_a_family_a_backend_cannot_run_names_the_backends_that_can(model_type, backend, message, tmp_path: Path) -> None:
     config = _saved_config(model_type, tmp_path)
@@ -128,11 +129,13 @@ def test_a_family_a_backend_cannot_run_names_the_backends_that_can(model_type, b
     A.require(config, "cpu_native")  # the same config runs where the matrix says it does
 
 
-def test_llama_cpp_refuses_scaled_rope_and_biases_it_cannot_write(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"rope_type 'llama3': the llama_cpp backend writes only the default RoPE"):
-        A.require(_saved_config("llama", tmp_path), "llama_cpp")
-    with pytest.raises(ValueError, match=r"attention_bias/mlp_bias: engine.backend=llama_cpp"):
-        A.require(BASE | {"attention_bias": True}, "llama_cpp")
+def test_gpu_converters_refuse_biases_they_cannot_write(tmp_path: Path) -> None:
+    """The GPU plans convert bias-free Llama layers; llama_cpp writes llama3 RoPE and q/k/v biases (what its GGUF
+    graphs cannot compute, it refuses at build: tests/tasks/engines/test_llama_cpp_families.py)."""
+    with pytest.raises(ValueError, match=r"attention_bias/mlp_bias: engine.backend=tensorrt_llm"):
+        A.require(BASE | {"attention_bias": True}, "tensorrt_llm")
+    assert A.require(_saved_config("llama", tmp_path), "llama_cpp").rope["full_attention"].type == "llama3"
+    assert A.require(BASE | {"attention_bias": True}, "llama_cpp").qkv_bias
 
 
 def _profile_with_teacher(tmp_path: Path, teacher: Path, backend: str) -> Path:
@@ -150,9 +153,9 @@ def test_a_profile_whose_model_the_backend_cannot_run_fails_at_load(tmp_path: Pa
     teacher = tmp_path / "gemma3"
     teacher.mkdir()
     _saved_config("gemma3_text", teacher)
-    with pytest.raises(ValueError, match=r"gemma3/config.json: the Gemma 3 family .* cannot run on engine.backend=llama_cpp"
-                                         r".*backends that run it: cpu_native, vllm"):
-        load_profile(_profile_with_teacher(tmp_path, teacher, "llama_cpp"))
+    with pytest.raises(ValueError, match=r"gemma3/config.json: the Gemma 3 family .* cannot run on engine.backend=cpu"
+                                         r".*backends that run it: cpu_native, llama_cpp, vllm"):
+        load_profile(_profile_with_teacher(tmp_path, teacher, "cpu"))
     assert load_profile(_profile_with_teacher(tmp_path, teacher, "cpu_native")).engine.backend == "cpu_native"
     cfg = json.loads((teacher / "config.json").read_text())
     (teacher / "config.json").write_text(json.dumps(cfg | {"model_type": "phi3"}))
