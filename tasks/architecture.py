@@ -273,7 +273,10 @@ BACKEND_FAMILIES: dict[str, dict[str, str]] = {
             "gemma3_text": "onnxruntime-genai's builder fails on Gemma 3 configs (KeyError 'rope_type'); use cpu_native"},
     "llama_cpp": {mt: RUNS for mt in FAMILIES},
     "tensorrt_llm": {"llama": RUNS},
-    "edge_llm": {"llama": RUNS,
+    # Edge-LLM's exporter reads the Hugging Face checkpoint and picks the family itself (docs supported-models.md:
+    # Llama 3/3.1/3.2, Qwen2/2.5, Qwen3); edgeflow stages it (tasks/engines/edge_llm/staging.py) with every dense
+    # tensor, biases and q/k norms included.
+    "edge_llm": {"llama": RUNS, "qwen2": RUNS, "qwen3": RUNS,
                  "gemma2": "TensorRT Edge-LLM supports no Gemma 2 (docs: supported-models.md)",
                  "gemma3_text": "TensorRT Edge-LLM supports no Gemma 3 (docs: supported-models.md)",
                  "mistral": "TensorRT Edge-LLM supports no Mistral (docs: supported-models.md)"},
@@ -291,9 +294,11 @@ def check_backend(arch: Architecture, backend: str, where: str = "config.json") 
     """ValueError unless `backend` runs `arch`'s family: names the family, the backend, why, and which backends can."""
     verdict = BACKEND_FAMILIES.get(backend, {}).get(arch.model_type, NOT_IMPLEMENTED)
     if verdict == RUNS:
-        if backend in ("tensorrt_llm", "edge_llm") and (arch.qkv_bias or arch.o_bias or arch.mlp_bias):
+        own_bias = FAMILIES[arch.model_type].qkv_bias == "always"  # Qwen2's q/k/v biases: its converters' own
+        if backend in ("tensorrt_llm", "edge_llm") and ((arch.qkv_bias and not own_bias) or arch.o_bias or arch.mlp_bias):
             raise ValueError(f"{where}: {arch.family} with attention_bias/mlp_bias: engine.backend={backend} converts "
-                             f"bias-free Llama layers only; backends that run it: {_others(arch, backend)}")
+                             f"the family's own layers only (q/k/v biases on Qwen2); backends that run it: "
+                             f"{_others(arch, backend)}")
         return
     raise ValueError(f"{where}: the {arch.family} family (model_type {arch.model_type!r}) cannot run on "
                      f"engine.backend={backend}: {verdict}; backends that run it: {_others(arch, backend)}")

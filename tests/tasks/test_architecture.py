@@ -120,7 +120,7 @@ def test_a_config_no_backend_understands_is_refused_naming_the_field(edit: dict,
                                     r"it: cpu_native, llama_cpp, vllm"),
     ("gemma2", "edge_llm", r"TensorRT Edge-LLM supports no Gemma 2 .*backends that run it: cpu_native, llama_cpp, vllm"),
     ("gemma3_text", "cpu", r"KeyError 'rope_type'.*backends that run it: cpu_native, llama_cpp, vllm"),
-    ("qwen3", "tensorrt_llm", r"backends that run it: cpu_native, cpu, llama_cpp, vllm"),
+    ("qwen3", "tensorrt_llm", r"backends that run it: cpu_native, cpu, llama_cpp, edge_llm, vllm"),
 ])
 def test_a_family_a_backend_cannot_run_names_the_backends_that_can(model_type, backend, message, tmp_path: Path) -> None:
     config = _saved_config(model_type, tmp_path)

@@ -165,6 +165,34 @@ def test_phase_decisions(tmp_path):
         el.plan_build(_ckpt(tmp_path, "gemma", model_type="gemma2", architectures=["Gemma2ForCausalLM"]), {}, tmp_path / "e")
 
 
+@pytest.mark.parametrize("family", [
+    {},  # Llama
+    {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},  # Llama 3.2
+    {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]},  # q/k/v biases: the family's own
+    {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]},
+])
+def test_the_families_edge_llm_supports_plan_an_export(tmp_path, family):
+    """Edge-LLM's exporter reads the staged Hugging Face checkpoint and picks the family itself: Llama 3.x, Qwen2/2.5
+    and Qwen3 (its supported-models.md) plan the same export command."""
+    plan = el.plan_build(_ckpt(tmp_path, "m", _qc({"g": (["Linear"], W4_SYM_128)}), **family), {}, tmp_path / "out")
+    assert plan["phase"] == "export" and plan["commands"]["export"][3:5] == [str(tmp_path / "out.work" / "staging"),
+                                                                             str(tmp_path / "out" / "onnx")]
+    assert plan["quantization"]["staging"] == "gptq_int4"
+
+
+@pytest.mark.parametrize("family, message", [
+    ({"model_type": "mistral", "architectures": ["MistralForCausalLM"]}, r"TensorRT Edge-LLM supports no Mistral"),
+    ({"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "query_pre_attn_scalar": 64},
+     r"TensorRT Edge-LLM supports no Gemma 3"),
+    ({"attention_bias": True}, r"Llama with attention_bias/mlp_bias: engine.backend=edge_llm converts the family's own "
+                               r"layers only"),
+])
+def test_families_edge_llm_lacks_are_refused_naming_the_backends_that_run_them(tmp_path, family, message):
+    with pytest.raises(ValueError, match=message + r".*backends that run it: cpu_native"):
+        el.plan_build(_ckpt(tmp_path, "m", **family), {}, tmp_path / "out")
+
+
 # ---------------------------------------------------------------------------------------------
 # which schemes have an exact Edge-LLM form
 # ---------------------------------------------------------------------------------------------
