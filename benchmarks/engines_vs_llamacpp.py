@@ -2,6 +2,13 @@
 
     python benchmarks/engines_vs_llamacpp.py --checkpoint fp32=DIR --checkpoint gptq=DIR --rounds 3 \
         [--library native=/path/to/libllama.so] [--backends cpu_native,llama_cpp] [--busy 1] [--out results.json]
+    python benchmarks/engines_vs_llamacpp.py --family qwen2 --tokenizer TEACHER_DIR --rounds 3
+
+`--family MODEL_TYPE` (llama, qwen2, qwen3, gemma3_text, ...) benchmarks a random model of that family shaped like
+the demo student (DEMO_SHAPE: SmolLM2-135M cut to 24 layers; Gemma 3 with its 5:1 sliding/global layers, window 512)
+instead of --checkpoint: it writes the fp32 model and its RTN int4 g64 asymmetric ("awq-like") and symmetric
+("gptq-like") checkpoints under --work, with --tokenizer's files (the converted teacher's: same vocabulary), and
+compares them like any other checkpoints. Random weights make the greedy agreement columns a check of exactness only.
 
 Every quantized checkpoint (llm-compressor's output) is built by each backend with its default profile, and by
 llama_cpp also with a q8_0 head (what llama.cpp's own Q4 files use). `--library LABEL=PATH` adds runs of the
@@ -35,6 +42,21 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 GREEDY_TOKENS = 16
+# The demo student's shape (configs/demo-cpu.yaml: SmolLM2-135M with drop_block 6), for --family.
+DEMO_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=24, num_attention_heads=9,
+                  num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, tie_word_embeddings=True,
+                  initializer_range=0.02)
+# What each family adds to that shape (its real small models' settings).
+FAMILY_SHAPE = {
+    "llama": {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+    "qwen2": {"rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+    "qwen3": {"rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+    "gemma3_text": {"sliding_window": 512, "query_pre_attn_scalar": 64, "hidden_activation": "gelu_pytorch_tanh",
+                    "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(24)],
+                    "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}},
+}
 ISA = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
 
 
@@ -104,6 +126,31 @@ def worker(spec: dict) -> dict:
 # ------------------------------------------------------------------------------------------ parent
 
 
+def family_checkpoints(model_type: str, tokenizer_dir: Path, work: Path) -> dict[str, str]:
+    """fp32 / awq-like / gptq-like checkpoints of a random `model_type` model of the demo student's shape."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from tests.families import rtn_int4
+
+    root = work / f"family-{model_type}"
+    fp32 = root / "fp32"
+    if not (fp32 / "config.json").exists():
+        torch.manual_seed(0)
+        cfg = AutoConfig.for_model(model_type, **DEMO_SHAPE, **FAMILY_SHAPE.get(model_type, {}))
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+        model.save_pretrained(fp32)
+        AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(fp32)
+    out = {"fp32": str(fp32)}
+    for name, symmetric in (("awq-like", False), ("gptq-like", True)):
+        d = root / name
+        if not (d / "config.json").exists():
+            rtn_int4(fp32, d, symmetric=symmetric)
+            AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(d)
+        out[name] = str(d)
+    return out
+
+
 def _agreement(ref: list[list[int]], got: list[list[int]]) -> dict:
     exact = sum(a == b for a, b in zip(ref, got)) / len(ref)
     prefix = []
@@ -171,6 +218,9 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "edgeflow-engines-vs-llamacpp")
     ap.add_argument("--busy", type=int, default=0, help="CPU-bound processes kept running during the timed rounds")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--family", default=None, help="model_type: benchmark a random model of that family (see above)")
+    ap.add_argument("--tokenizer", type=Path, default=os.environ.get("EDGEFLOW_TEST_TEACHER"),
+                    help="with --family: the directory whose tokenizer files the checkpoints get")
     ap.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -183,6 +233,11 @@ def main() -> int:
     from tasks.evaluation.gate import eval_texts, greedy_prompts, tokenize
 
     ckpts = dict(c.split("=", 1) for c in a.checkpoint)
+    if a.family:
+        if ckpts or not a.tokenizer:
+            ap.error("--family takes no --checkpoint and needs --tokenizer DIR (or $EDGEFLOW_TEST_TEACHER)")
+        a.work.mkdir(parents=True, exist_ok=True)
+        ckpts = family_checkpoints(a.family, Path(a.tokenizer), a.work)
     if not ckpts or "fp32" not in ckpts:
         ap.error("--checkpoint fp32=DIR (the FP model) is required")
     fp = Path(ckpts["fp32"])
@@ -223,7 +278,8 @@ def main() -> int:
         for p in busy:
             p.kill()
 
-    print(f"\nmachine: {json.dumps(machine())}; threads: {os.environ.get('EDGEFLOW_ENGINE_THREADS', 'all')}; "
+    print(f"\n{'family ' + a.family + ' (random, demo student shape); ' if a.family else ''}"
+          f"machine: {json.dumps(machine())}; threads: {os.environ.get('EDGEFLOW_ENGINE_THREADS', 'all')}; "
           f"prompt {a.prompt_tokens} tokens, {a.new_tokens} new, median of {a.rounds} alternating rounds"
           f"{f', {a.busy} busy processes beside them' if a.busy else ''}\n")
     print("| engine | precision | decode tok/s | prefill tok/s | TTFT ms | 2-stream tok/s | greedy = FP | = fake-quant |")

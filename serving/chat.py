@@ -39,7 +39,8 @@ class ChatCompletions(GenerationEndpoint):
         try:
             return rt.tokenizer.apply_chat_template(kept.messages, add_generation_prompt=True, tokenize=False)
         except Exception as e:  # noqa: BLE001 - template errors (e.g. role order) are the client's
-            raise ApiError(400, f"chat template rejected the messages: {e}", param="messages") from None
+            raise ApiError(400, f"the chat template of model {rt.settings.model_name!r} rejected the messages: {e}",
+                           param="messages") from None
 
     def default_max_tokens(self, settings: ServerSettings) -> int:
         return settings.max_tokens_limit  # OpenAI: "as many as fit", capped by this server's limit

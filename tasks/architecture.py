@@ -272,7 +272,10 @@ BACKEND_FAMILIES: dict[str, dict[str, str]] = {
             "gemma2": "not taken by this backend's converter in edgeflow (its builder's Gemma path is not wired or tested here)",
             "gemma3_text": "onnxruntime-genai's builder fails on Gemma 3 configs (KeyError 'rope_type'); use cpu_native"},
     "llama_cpp": {mt: RUNS for mt in FAMILIES},
-    "tensorrt_llm": {"llama": RUNS},
+    # Per family since which TensorRT-LLM release, and which checkpoints: tasks/engines/tensorrt_llm/plan.py CONVERTERS.
+    "tensorrt_llm": {"llama": RUNS, "qwen2": RUNS, "qwen3": RUNS, "gemma2": RUNS, "gemma3_text": RUNS,
+                     "mistral": "not converted: TensorRT-LLM's sliding-window attention is a runtime setting edgeflow "
+                                "does not drive"},
     # Edge-LLM's exporter reads the Hugging Face checkpoint and picks the family itself (docs supported-models.md:
     # Llama 3/3.1/3.2, Qwen2/2.5, Qwen3); edgeflow stages it (tasks/engines/edge_llm/staging.py) with every dense
     # tensor, biases and q/k norms included.

@@ -728,6 +728,7 @@ class Profile(_Strict):
         if (info.context or {}).get("resolved"):
             return self
         from tasks.architecture import require, require_family
+        from tasks.engines import check_model
         from tasks.model_source import teacher_config
 
         found = teacher_config(self)
@@ -737,6 +738,7 @@ class Profile(_Strict):
                 require_family(config["model_type"], self.engine.backend, where)
             else:
                 require(config, self.engine.backend, where)
+                check_model(self.engine.backend, config, self.engine.profile, where)
         return self
 
     @model_validator(mode="after")

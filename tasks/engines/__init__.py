@@ -124,6 +124,15 @@ def get_backend(name: str) -> ModuleType:
     return importlib.import_module(BACKENDS[name])
 
 
+def check_model(backend: str, config: dict, profile: dict | None, where: str) -> None:
+    """What a backend refuses about a model given its engine profile, before any work (e.g. a family that the build
+    profile's TensorRT-LLM release does not convert yet). Optional per backend (`check_model(config, profile, where)`
+    in its module); the family matrix itself is tasks.architecture.require's."""
+    hook = getattr(get_backend(backend), "check_model", None)
+    if hook is not None:
+        hook(config, profile, where)
+
+
 def validate_profile(backend: str, profile: dict | None) -> BaseModel:
     """`profile` checked against the backend's Profile model; ValueError naming the key, the value and the fix."""
     from pydantic import ValidationError

@@ -115,15 +115,18 @@ def test_a_config_no_backend_understands_is_refused_naming_the_field(edit: dict,
 
 
 @pytest.mark.parametrize("model_type, backend, message", [
-    ("gemma3_text", "tensorrt_llm", r"the Gemma 3 family \(model_type 'gemma3_text'\) cannot run on "
-                                    r"engine.backend=tensorrt_llm: not implemented by this backend yet; backends that run "
-                                    r"it: cpu_native, llama_cpp, vllm"),
-    ("gemma2", "edge_llm", r"TensorRT Edge-LLM supports no Gemma 2 .*backends that run it: cpu_native, llama_cpp, vllm"),
-    ("gemma3_text", "cpu", r"KeyError 'rope_type'.*backends that run it: cpu_native, llama_cpp, vllm"),
-    ("qwen3", "tensorrt_llm", r"backends that run it: cpu_native, cpu, llama_cpp, edge_llm, vllm"),
+    ("mistral", "tensorrt_llm", r"the Mistral family \(model_type 'mistral'\) cannot run on engine.backend=tensorrt_llm: "
+                                r"not converted: .*; backends that run it: cpu_native, llama_cpp, vllm"),
+    ("gemma2", "edge_llm", r"TensorRT Edge-LLM supports no Gemma 2 .*backends that run it: cpu_native, llama_cpp, "
+                           r"tensorrt_llm, vllm"),
+    ("gemma3_text", "cpu", r"KeyError 'rope_type'.*backends that run it: cpu_native, llama_cpp, tensorrt_llm, vllm"),
+    ("qwen3", "cpu_native", None),
 ])
 def test_a_family_a_backend_cannot_run_names_the_backends_that_can(model_type, backend, message, tmp_path: Path) -> None:
     config = _saved_config(model_type, tmp_path)
+    if message is None:  # runs: no refusal
+        A.require(config, backend, "m/config.json")
+        return
     with pytest.raises(ValueError, match=message):
         A.require(config, backend, "m/config.json")
     A.require(config, "cpu_native")  # the same config runs where the matrix says it does
@@ -154,9 +157,12 @@ def test_a_profile_whose_model_the_backend_cannot_run_fails_at_load(tmp_path: Pa
     teacher.mkdir()
     _saved_config("gemma3_text", teacher)
     with pytest.raises(ValueError, match=r"gemma3/config.json: the Gemma 3 family .* cannot run on engine.backend=cpu"
-                                         r".*backends that run it: cpu_native, llama_cpp, vllm"):
+                                         r".*backends that run it: cpu_native, llama_cpp, tensorrt_llm, vllm"):
         load_profile(_profile_with_teacher(tmp_path, teacher, "cpu"))
     assert load_profile(_profile_with_teacher(tmp_path, teacher, "cpu_native")).engine.backend == "cpu_native"
+    with pytest.raises(ValueError, match=r"the Gemma 3 family converts from TensorRT-LLM 0\.19\.0 .*build profile "
+                                         r"'orin-agx' uses 0\.12\.0"):  # the engine profile's release, at load
+        load_profile(_profile_with_teacher(tmp_path, teacher, "tensorrt_llm"))
     cfg = json.loads((teacher / "config.json").read_text())
     (teacher / "config.json").write_text(json.dumps(cfg | {"model_type": "phi3"}))
     with pytest.raises(ValueError, match=r"model_type='phi3' is not a supported family"):

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from tasks.architecture import require
+from tasks.architecture import backends_for, describe, require
 from tasks.engines.checkpoint import read_config, weight_schemes
 
 BACKEND = "tensorrt_llm"
@@ -427,11 +427,18 @@ def quantization_plan(
 
 
 def convert_command(
-    quant: dict[str, Any], build_profile: BuildProfile, staging_dir: Path, ckpt_dir: Path, trtllm_src: Path
+    quant: dict[str, Any], build_profile: BuildProfile, staging_dir: Path, ckpt_dir: Path, trtllm_src: Path,
+    conv: Converter | None = None,
 ) -> list[str]:
-    """The convert_checkpoint.py command line for a staged checkpoint."""
+    """The convert_checkpoint.py command line for a staged checkpoint (the gemma converter spells its flags with
+    hyphens and takes --ckpt-type: examples/gemma/convert_checkpoint.py)."""
+    conv = conv or CONVERTERS["llama"]
+    script = str(Path(trtllm_src) / convert_script(build_profile, conv))
+    if conv.example == "gemma":
+        return [sys.executable, script, "--ckpt-type", "hf", "--model-dir", str(staging_dir), "--output-model-dir",
+                str(ckpt_dir), "--dtype", build_profile.dtype]
     cmd = [
-        sys.executable, str(Path(trtllm_src) / build_profile.convert_script),
+        sys.executable, script,
         "--model_dir", str(staging_dir),
         "--output_dir", str(ckpt_dir),
         "--dtype", build_profile.dtype,
@@ -488,13 +495,68 @@ def trtllm_src_dir(options: dict[str, Any]) -> Path:
     return Path(options.get("tensorrt_llm_src") or os.environ.get(TRTLLM_SRC_ENV) or DEFAULT_TRTLLM_SRC)
 
 
+class Converter(BaseModel):
+    """How TensorRT-LLM's engine flow converts one family: its example's convert_checkpoint.py and since when."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    example: Literal["llama", "qwen", "gemma"] = Field(description="The examples/ directory (examples/models/core/ "
+                                                        "from 1.0) whose convert_checkpoint.py converts the family.")
+    since: str = Field(description="First TensorRT-LLM release whose converter takes the family (its release notes).")
+    exact_int4: bool = Field(description="Whether edgeflow stages int4 checkpoints for this converter exactly "
+                             "(--quant_ckpt_path with AutoGPTQ tensors); else only dense checkpoints convert.")
+    source: str = Field(description="Where `since` was read.")
+
+
+# Per family (transformers model_type). Release notes (docs/source/release-notes.md): 0.12.0 "Supported LLaMA 3.1",
+# "Supported Qwen 2"; 0.13.0 "Supported Gemma 2"; 0.19.0 "Gemma3 text-only model support"; 1.0 "TensorRT-Engine Qwen3
+# (dense)". Only the llama converter takes --quant_ckpt_path (staged AutoGPTQ int4, exact). The qwen converter reads
+# GPTQ weights from the Hugging Face quantization_config (not staged here yet), and the gemma converter offers only
+# re-quantizing int4 or ModelOpt AWQ (--use-weight-only-with-precision int4 | w4a16_awq): int4 checkpoints of those
+# families are refused rather than re-quantized. Mistral (the llama converter) is not converted: TensorRT-LLM's
+# sliding-window attention is a runtime setting edgeflow does not drive.
+CONVERTERS: dict[str, Converter] = {
+    "llama": Converter(example="llama", since="0.12.0", exact_int4=True, source="release notes 0.12.0: LLaMA 3.1"),
+    "qwen2": Converter(example="qwen", since="0.12.0", exact_int4=False, source="release notes 0.12.0: Qwen 2"),
+    "qwen3": Converter(example="qwen", since="1.0.0", exact_int4=False, source="release notes 1.0: TensorRT-Engine Qwen3"),
+    "gemma2": Converter(example="gemma", since="0.13.0", exact_int4=False, source="release notes 0.13.0: Gemma 2"),
+    "gemma3_text": Converter(example="gemma", since="0.19.0", exact_int4=False,
+                             source="release notes 0.19.0: Gemma3 text-only"),
+}
+
+
+def converter_for(config: dict[str, Any], build_profile: BuildProfile, name: str, where: str) -> Converter:
+    """The family's converter at the build profile's TensorRT-LLM version, or a ValueError naming the family, the
+    version it needs, the profile's version and the backends that run it (before any work)."""
+    arch = require(config, "tensorrt_llm", where)
+    conv = CONVERTERS[arch.model_type]
+    if version_order(build_profile.tensorrt_llm_version) < version_order(conv.since):
+        others = ", ".join(b for b in backends_for(arch.model_type) if b != "tensorrt_llm")
+        raise ValueError(
+            f"{where}: the {arch.family} family converts from TensorRT-LLM {conv.since} ({conv.source}); build profile "
+            f"{name!r} uses {build_profile.tensorrt_llm_version} ({build_profile.tensorrt_llm_branch}). Fix: a build "
+            f"profile at {conv.since} or later (a100: 1.2.1), or engine.backend one of: {others}")
+    return conv
+
+
+def check_model(config: dict[str, Any], profile: dict | None, where: str = "config.json") -> None:
+    """tasks.engines.check_model's hook: the family's converter exists at the profile's TensorRT-LLM version."""
+    name, build_profile, _ = resolve_profile(profile)
+    converter_for(config, build_profile, name, where)
+
+
+def convert_script(build_profile: BuildProfile, conv: Converter) -> str:
+    """The family's convert_checkpoint.py: the profile's llama one with the family's example directory."""
+    return str(Path(build_profile.convert_script).parent.parent / conv.example / "convert_checkpoint.py")
+
+
 def plan_build(checkpoint_dir: Path, profile: dict | None, out_dir: Path | None = None) -> dict[str, Any]:
     """Validate profile + checkpoint and return the exact command lines and metadata, without running anything."""
     checkpoint_dir = Path(checkpoint_dir)
     out_dir = Path(out_dir) if out_dir is not None else Path("engine")
     name, build_profile, options = resolve_profile(profile)
     config = read_config(checkpoint_dir)
-    require(config, "tensorrt_llm", f"{checkpoint_dir}/config.json")  # the families this backend converts (examples/llama)
+    conv = converter_for(config, build_profile, name, f"{checkpoint_dir}/config.json")
     limit = int(config.get("max_position_embeddings") or 0)
     if limit and build_profile.max_seq_len > limit:
         raise ValueError(
@@ -512,13 +574,20 @@ def plan_build(checkpoint_dir: Path, profile: dict | None, out_dir: Path | None 
         )
     quant = quantization_plan(config, build_profile, algorithm, f"{checkpoint_dir}/config.json")
     quant["algorithm_source"] = source
+    if quant["weight_only_precision"] is not None and not conv.exact_int4:
+        arch = describe(config)
+        raise ValueError(
+            f"{checkpoint_dir}/config.json: a {quant['scheme']['bits']}-bit {arch.family} checkpoint: TensorRT-LLM's "
+            f"{conv.example} converter takes no pre-quantized weights edgeflow stages exactly (it would re-quantize). "
+            f"Fix: build the dense checkpoint here, or serve this one with engine.backend one of: "
+            f"{', '.join(b for b in backends_for(arch.model_type) if b != 'tensorrt_llm')}")
 
     work = out_dir.with_name(out_dir.name + ".work")
     staging, ckpt = work / "staging", work / "tllm_checkpoint"
     src = trtllm_src_dir(options)
     gather = build_profile.gather_context_logits
     commands = {
-        "convert": convert_command(quant, build_profile, staging, ckpt, src),
+        "convert": convert_command(quant, build_profile, staging, ckpt, src, conv),
         "build": build_command(build_profile, ckpt, out_dir, gather_context_logits=gather == "serving"),
         "build_score": build_command(build_profile, ckpt, out_dir / SCORE_SUBDIR, True) if gather == "score_engine" else None,
     }

@@ -349,9 +349,57 @@ def test_unsupported_schemes_raise_before_any_work(tmp_path, qc, pattern):
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # planning writes nothing
 
 
+GEMMA2 = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "query_pre_attn_scalar": 64,
+          "hidden_activation": "gelu_pytorch_tanh"}
+GEMMA3 = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "query_pre_attn_scalar": 64,
+          "hidden_activation": "gelu_pytorch_tanh"}
+QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}
+QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}
+
+
+@pytest.mark.parametrize("family, profile, script", [
+    (QWEN2, "orin-agx", "examples/qwen/convert_checkpoint.py"),  # 0.12.0: "Supported Qwen 2"
+    (QWEN2, "a100", "examples/models/core/qwen/convert_checkpoint.py"),
+    (QWEN3, "a100", "examples/models/core/qwen/convert_checkpoint.py"),
+    (GEMMA2, "a100", "examples/models/core/gemma/convert_checkpoint.py"),
+    (GEMMA3, "a100", "examples/models/core/gemma/convert_checkpoint.py"),
+])
+def test_each_family_converts_with_its_own_example(tmp_path, family, profile, script):
+    plan = trt.plan_build(_ckpt(tmp_path, "m", **family), {"build_profile": profile}, tmp_path / "eng")
+    convert = plan["commands"]["convert"]
+    assert convert[1] == f"/opt/TensorRT-LLM/{script}"
+    if family["model_type"].startswith("gemma"):  # the gemma converter's own flag spellings
+        assert convert[2:8] == ["--ckpt-type", "hf", "--model-dir", plan["paths"]["staging"], "--output-model-dir",
+                                plan["paths"]["tllm_checkpoint"]]
+    else:
+        assert _flag(convert, "--model_dir") == plan["paths"]["staging"]
+
+
+@pytest.mark.parametrize("family, message", [
+    (GEMMA2, r"the Gemma 2 family converts from TensorRT-LLM 0\.13\.0 \(release notes 0\.13\.0: Gemma 2\); build "
+             r"profile 'orin-agx' uses 0\.12\.0 \(v0\.12\.0-jetson\)\. Fix: .*engine.backend one of: cpu_native, "
+             r"llama_cpp, vllm"),
+    (GEMMA3, r"the Gemma 3 family converts from TensorRT-LLM 0\.19\.0"),
+    (QWEN3, r"the Qwen3 family converts from TensorRT-LLM 1\.0\.0 .*engine.backend one of: cpu_native, cpu, llama_cpp, "
+            r"edge_llm, vllm"),
+])
+def test_a_family_the_jetson_branch_lacks_is_refused_naming_the_version(tmp_path, family, message):
+    with pytest.raises(ValueError, match=message):
+        trt.plan_build(_ckpt(tmp_path, "m", **family), {"build_profile": "orin-agx"}, tmp_path / "e")
+    trt.check_model(json.loads((tmp_path / "m" / "config.json").read_text()), {"build_profile": "a100"})
+
+
+def test_int4_checkpoints_of_families_without_an_exact_converter_path_are_refused(tmp_path):
+    ckpt = _ckpt(tmp_path, "q", _qc({"g": (["Linear"], W4_ASYM)}), **QWEN2)
+    with pytest.raises(ValueError, match=r"a 4-bit Qwen2 checkpoint: TensorRT-LLM's qwen converter takes no pre-quantized "
+                                         r"weights edgeflow stages exactly .*edge_llm"):
+        trt.plan_build(ckpt, {"build_profile": "orin-agx"}, tmp_path / "e")
+
+
 def test_non_llama_and_missing_config(tmp_path):
-    with pytest.raises(ValueError, match=r"Gemma 2 family \(model_type .gemma2.\) cannot run on engine.backend=tensorrt_llm: not implemented by this backend yet; backends that run it: cpu_native, vllm"):
-        trt.plan_build(_ckpt(tmp_path, "g", architectures=["Gemma2ForCausalLM"], model_type="gemma2"), {}, tmp_path / "e")
+    with pytest.raises(ValueError, match=r"Mistral family \(model_type .mistral.\) cannot run on engine.backend=tensorrt_llm: "
+                                         r"not converted: .*sliding-window"):
+        trt.plan_build(_ckpt(tmp_path, "g", architectures=["MistralForCausalLM"], model_type="mistral"), {}, tmp_path / "e")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match=r"no config\.json"):
         trt.plan_build(tmp_path / "empty", {}, tmp_path / "e")
