@@ -18,13 +18,14 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("llmcompressor")
 
 from tasks.engines import cpu_native  # noqa: E402
-from tests.families import FAMILY_MODELS, VOCAB, WINDOW, build_tiny, rtn_int4  # noqa: E402
+from tests.families import (  # noqa: E402
+    FAMILY_MODELS, build_tiny, family_prompts, fp32_worst_logit_diff, hf_greedy, rtn_int4,
+)
 
 if not {"avx2", "fma", "f16c"} <= cpu_native._cpu_flags() or shutil.which("cc") is None:
     pytest.skip("cpu_native needs an AVX2/FMA/F16C CPU and a C compiler", allow_module_level=True)
 
 NEW_TOKENS = 12
-PROMPT_LENGTHS = (5, 23)  # the second outgrows the sliding window (8) before decoding starts
 LOGIT_BOUND = 1e-4  # max |engine - HF| over every position and vocabulary entry, fp32 weights
 
 
@@ -47,19 +48,6 @@ def models(tmp_path_factory) -> dict[str, Path]:
     return {mt: build_tiny(mt, root / mt) for mt in FAMILY_MODELS}
 
 
-def _prompts() -> list[list[int]]:
-    g = torch.Generator().manual_seed(1)
-    return [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
-
-
-def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
-    x = torch.tensor([ids])
-    with torch.no_grad():
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                             pad_token_id=0)
-    return out[0, len(ids):].tolist()
-
-
 @pytest.mark.parametrize("model_type", list(FAMILY_MODELS))
 def test_fp32_logits_and_greedy_tokens_match_transformers(model_type: str, models, tmp_path: Path, record_property) -> None:
     from tasks.engines.checkpoint import load_dequantized
@@ -68,16 +56,7 @@ def test_fp32_logits_and_greedy_tokens_match_transformers(model_type: str, model
     session = cpu_native.load(tmp_path / "engine")
     assert session.meta["architecture"]["model_type"] == model_type
     model = load_dequantized(models[model_type])
-    worst = 0.0
-    for ids in _prompts():
-        want = _hf_greedy(model, ids, NEW_TOKENS)
-        assert list(cpu_native.generate(session, ids, NEW_TOKENS, [])) == want
-        seq = ids + want
-        assert len(seq) > WINDOW
-        with torch.no_grad():
-            ref = model(torch.tensor([seq])).logits[0].numpy()
-        got = cpu_native.score(session, seq)
-        worst = max(worst, float(np.abs(got - ref).max()))
+    worst = fp32_worst_logit_diff(cpu_native, session, model, NEW_TOKENS)
     record_property("max_abs_logit_diff", worst)
     assert worst < LOGIT_BOUND, (model_type, worst)
 
@@ -91,8 +70,8 @@ def test_int4_greedy_equals_the_fake_quantized_model(model_type: str, models, tm
     assert meta["weights"] == "int4-g64"
     session = cpu_native.load(tmp_path / "engine")
     model = load_dequantized(ckpt)
-    for ids in _prompts():
-        assert list(cpu_native.generate(session, ids, NEW_TOKENS, [])) == _hf_greedy(model, ids, NEW_TOKENS), model_type
+    for ids in family_prompts():
+        assert list(cpu_native.generate(session, ids, NEW_TOKENS, [])) == hf_greedy(model, ids, NEW_TOKENS), model_type
 
 
 def test_gemma2_softcapped_sampling_draws_from_the_capped_distribution(models, tmp_path: Path) -> None:
@@ -102,7 +81,7 @@ def test_gemma2_softcapped_sampling_draws_from_the_capped_distribution(models, t
 
     cpu_native.build(models["gemma2"], tmp_path / "engine", {})
     session = cpu_native.load(tmp_path / "engine")
-    ids = _prompts()[1]
+    ids = family_prompts()[1]
     logits = cpu_native.score(session, ids)
     assert float(np.abs(logits).max()) <= 5.0
     [tok] = list(cpu_native.generate(session, ids, 1, [], SamplingParams(temperature=1.0, seed=3, logprobs=True)))

@@ -23,10 +23,11 @@ pytest.importorskip("llmcompressor")
 
 from tasks.engines import llama_cpp  # noqa: E402
 from tasks.engines.checkpoint import load_dequantized  # noqa: E402
-from tests.families import FAMILY_MODELS, VOCAB, WINDOW, build_tiny, rtn_int4  # noqa: E402
+from tests.families import (  # noqa: E402
+    FAMILY_MODELS, WINDOW, build_tiny, family_prompts, fp32_worst_logit_diff, rtn_int4,
+)
 
 NEW_TOKENS = 10
-PROMPT_LENGTHS = (5, 23)  # the second outgrows the sliding window (8) before decoding starts
 LOGIT_BOUND = 1e-2
 # Mistral runs only without a window here (llama.cpp's llama graph has none): its Mistral-7B-v0.2+ configs say null.
 RUNS = {mt: {"sliding_window": None} if mt == "mistral" else {} for mt in FAMILY_MODELS}
@@ -45,19 +46,6 @@ def models(tmp_path_factory) -> dict[str, Path]:
     return {mt: build_tiny(mt, root / mt, **RUNS[mt]) for mt in FAMILY_MODELS}
 
 
-def _prompts() -> list[list[int]]:
-    g = torch.Generator().manual_seed(1)
-    return [torch.randint(8, VOCAB, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
-
-
-def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
-    x = torch.tensor([ids])
-    with torch.no_grad():
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                             pad_token_id=0)
-    return out[0, len(ids):].tolist()
-
-
 def _gguf_field(engine: Path, key: str):
     from gguf import GGUFReader
 
@@ -72,16 +60,7 @@ def test_fp32_logits_and_greedy_tokens_match_transformers(model_type: str, model
     assert _gguf_field(engine, "general.architecture") == GGUF_ARCH[model_type]
     session = llama_cpp.load(engine)
     model = load_dequantized(models[model_type])
-    worst = 0.0
-    for ids in _prompts():
-        want = _hf_greedy(model, ids, NEW_TOKENS)
-        assert list(llama_cpp.generate(session, ids, NEW_TOKENS, [])) == want
-        seq = ids + want
-        assert len(seq) > WINDOW
-        with torch.no_grad():
-            ref = model(torch.tensor([seq])).logits[0].numpy()
-        got = llama_cpp.score(session, seq)
-        worst = max(worst, float(np.abs(got - ref).max()))
+    worst = fp32_worst_logit_diff(llama_cpp, session, model, NEW_TOKENS)
     record_property("max_abs_logit_diff", worst)
     assert worst < LOGIT_BOUND, f"{model_type}: max |llama.cpp - transformers| = {worst}"
 
@@ -95,7 +74,7 @@ def test_int4_engine_agrees_with_its_fake_quantized_model(model_type: str, model
     session = llama_cpp.load(engine)
     model = load_dequantized(ckpt)
     agree = total = 0
-    for ids in _prompts():
+    for ids in family_prompts():
         with torch.no_grad():
             ref = model(torch.tensor([ids])).logits[0].numpy()
         got = llama_cpp.score(session, ids)
