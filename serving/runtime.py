@@ -144,18 +144,13 @@ class Runtime:
                 close()
 
     def _stop_ids(self) -> list[int]:
-        """The tokenizer's eos, every eos generation_config.json lists (Gemma: <eos> and <end_of_turn>), and each
-        family's end-of-turn and end-of-text tokens the vocabulary holds (tasks/architecture.py END_TOKENS)."""
-        from tasks.architecture import END_TOKENS
+        """Where a generation stops (tasks.engines.engine_dir.stop_ids: eos, generation_config's eos list, the
+        family's end-of-turn tokens), plus the server tokenizer's own eos."""
+        from tasks.engines.engine_dir import stop_ids
 
-        ids = set()
+        ids = set(stop_ids(self.engine_dir))
         if self.tokenizer.eos_token_id is not None:
             ids.add(int(self.tokenizer.eos_token_id))
-        with contextlib.suppress(OSError, ValueError):
-            eos = json.loads((self.engine_dir / "generation_config.json").read_text()).get("eos_token_id")
-            ids.update(int(i) for i in ([eos] if isinstance(eos, int) else (eos or [])))
-        vocab = self.tokenizer.get_vocab()
-        ids.update(int(vocab[t]) for t in END_TOKENS if t in vocab)
         if not ids:
             raise ValueError(f"{self.engine_dir}: tokenizer has no eos_token and no <|endoftext|>; cannot stop generation")
         return sorted(ids)

@@ -35,12 +35,6 @@ class TeacherConfig(_Strict):
         "(Gemma 3 270M's GGUF: configs/chat_templates/gemma3.jinja, Gemma's documented template). Ignored when the "
         "teacher has its own.")
 
-    @model_validator(mode="after")
-    def _chat_template_exists(self):
-        if self.chat_template is not None and not (REPO_ROOT / self.chat_template).is_file():
-            raise ValueError(f"teacher.chat_template={self.chat_template!r} is not a file (paths are relative to {REPO_ROOT}); "
-                             "name a Jinja template file, e.g. configs/chat_templates/gemma3.jinja, or remove the field")
-        return self
 
     @property
     def gguf_name(self) -> str:
@@ -674,6 +668,8 @@ class Profile(_Strict):
             refs["distill.deepspeed_config"] = self.distill.deepspeed_config
         if self.distill.student_from is not None:
             refs["distill.student_from"] = self.distill.student_from  # a directory
+        if self.teacher.chat_template is not None:
+            refs["teacher.chat_template"] = self.teacher.chat_template
         return refs
 
     @model_validator(mode="after")

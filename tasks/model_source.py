@@ -29,7 +29,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # generation never stops. The converted tokenizer's eos is the family's first end-of-turn token the vocabulary holds
 # (tasks/architecture.py Family.chat_stops: <|eot_id|>, <|im_end|>, <end_of_turn>), its pad the vocabulary's <pad>
 # when it has one, else that eos.
-_TOKENIZER_FIXES = "eos: the family's first end-of-turn token in the vocabulary; pad: <pad>, else eos; Gemma: BPE from ranks"
+_TOKENIZER_FIXES = ("eos: the family's first end-of-turn token in the vocabulary; pad: <pad>, else eos; Gemma: BPE from ranks, "
+                    "control and user-defined pieces as added tokens")
 
 
 def fetch_gguf(cfg: TeacherConfig, cache: Path) -> Path:
@@ -111,7 +112,11 @@ def _gemma_bpe(gguf: Path, tokenizer_json: Path) -> None:
     GGUFGemmaConverter), which splits every word into single characters (Gemma 3 270M then answers gibberish). This
     rewrites the model as BPE with byte fallback, the merges derived from the ranks as transformers'
     SentencePieceExtractor does for a .model file: every split of a normal piece into two pieces of the vocabulary,
-    ordered by the merged piece's score. Normalizer, pre-tokenizer, decoder and added tokens stay as converted."""
+    ordered by the merged piece's score. The GGUF's control and user-defined pieces (<bos>, <start_of_turn>,
+    <end_of_turn>, ...) become added tokens, matched whole as SentencePiece matches them (control ones special): left in
+    the BPE vocabulary only, the chat template's "<start_of_turn>" was encoded as 7 pieces of text and the model,
+    never seeing its turn markers, answered by spelling them out. Normalizer, pre-tokenizer and decoder stay as
+    converted."""
     from gguf import GGUFReader
 
     data = json.loads(tokenizer_json.read_text())
@@ -121,7 +126,8 @@ def _gemma_bpe(gguf: Path, tokenizer_json: Path) -> None:
     pieces = [p for p, _ in model["vocab"]]
     scores = [float(s) for _, s in model["vocab"]]
     field = GGUFReader(gguf).fields["tokenizer.ggml.token_type"]
-    normal = [int(field.parts[i][0]) == 1 for i in field.data]  # 1: normal; control, user-defined, byte: no merges
+    types = [int(field.parts[i][0]) for i in field.data]
+    normal = [t == 1 for t in types]  # 1: normal; 3 control, 4 user-defined, 6 byte: no merges
     vocab = {p: i for i, p in enumerate(pieces)}
     merges = []
     for i, piece in enumerate(pieces):
@@ -133,6 +139,11 @@ def _gemma_bpe(gguf: Path, tokenizer_json: Path) -> None:
     data["model"] = {"type": "BPE", "dropout": None, "unk_token": pieces[model.get("unk_id") or 0], "continuing_subword_prefix": None,
                      "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
                      "vocab": vocab, "merges": [[a, b] for _, _, _, a, b in merges]}
+    known = {int(a["id"]) for a in data.get("added_tokens") or []}
+    data["added_tokens"] = sorted((data.get("added_tokens") or []) + [
+        {"id": i, "content": pieces[i], "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+         "special": t == 3}
+        for i, t in enumerate(types) if t in (3, 4) and i not in known], key=lambda a: int(a["id"]))
     tokenizer_json.write_text(json.dumps(data, ensure_ascii=False))
 
 

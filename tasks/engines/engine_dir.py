@@ -150,3 +150,25 @@ def special_token_ids(engine_dir: Path) -> tuple[int | None, int | None]:
         pad = _token_id(engine_dir, tok.get("pad_token"))
     end = int(end) if end is not None else None
     return end, (int(pad) if pad is not None else end)
+
+
+def stop_ids(model_dir: Path) -> list[int]:
+    """Every token a generation from the model in `model_dir` (an engine or checkpoint directory) stops at: the
+    tokenizer's eos, every eos generation_config.json lists (Gemma: <eos> and <end_of_turn>), and each family's
+    end-of-turn and end-of-text tokens its vocabulary holds (tasks/architecture.py END_TOKENS). The server, the demo
+    answers and the gate reference all stop where the model's own chat turn ends. Sorted; [] if none is found."""
+    from tasks.architecture import END_TOKENS
+
+    model_dir = Path(model_dir)
+    ids: set[int] = set()
+    with contextlib.suppress(OSError, ValueError):
+        eos = json.loads((model_dir / "generation_config.json").read_text()).get("eos_token_id")
+        ids.update(int(i) for i in ([eos] if isinstance(eos, int) else (eos or [])))
+    with contextlib.suppress(OSError, ValueError):
+        end = _token_id(model_dir, json.loads((model_dir / "tokenizer_config.json").read_text()).get("eos_token"))
+        if end is not None:
+            ids.add(end)
+    for token in END_TOKENS:
+        if (i := _token_id(model_dir, token)) is not None:
+            ids.add(i)
+    return sorted(ids)

@@ -3,7 +3,8 @@ the repetition figures that tell an answer from a loop.
 
     python -m tasks.evaluation.answers ENGINE_DIR [BACKEND]     # print one engine's five answers and their figures
 
-Each answer is rendered with the engine's own chat template, decoded with the model's sampling defaults
+Each answer is rendered with the engine's own chat template, stops where the server's would (engine_dir.stop_ids),
+decoded with the model's sampling defaults
 (generation_config.json, the server's defaults: serving/runtime.py) and a fixed seed, for at most ANSWER_TOKENS
 tokens, all five in flight together as concurrent requests are, on the host that built the engine (the consistency
 stage). The figures, computed on the answer's words:
@@ -51,11 +52,12 @@ def answer_prompts(backend: Any, session: Any, engine_dir: Path) -> list[dict[st
     from serving.runtime import generation_defaults
     from serving.tokenizer import LightTokenizer
     from tasks.engines import generate_many
+    from tasks.engines.engine_dir import stop_ids
     from tasks.engines.sampling import SamplingParams
 
     tok = LightTokenizer(Path(engine_dir))
     params = SamplingParams(**generation_defaults(engine_dir), seed=SEED)
-    stops = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    stops = stop_ids(engine_dir)  # the server's: the model's own end of turn, not only its tokenizer's eos
     prompt_ids = [tok(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True))["input_ids"]
                   for p in PROMPTS]
     out = []
