@@ -319,6 +319,10 @@ def test_a_gemma3_release_from_a_few_layer_cut_serves_a_chat_answer_in_its_own_t
 
         assert LightTokenizer(teacher).apply_chat_template(messages) == (
             "<bos><start_of_turn>user\nAnswer briefly.\n\nName a colour.<end_of_turn>\n<start_of_turn>model\n")
+        # the turn markers are Gemma's own tokens (ids 105 and 106), not text spelled in pieces
+        light = LightTokenizer(teacher)
+        assert light(light.apply_chat_template(messages))["input_ids"][:2] == [2, 105]
+        assert light("<end_of_turn>")["input_ids"] == [106]
         r = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
             "model": profile.registry.model_name, "messages": messages, "max_tokens": 12, "temperature": 0})
         assert r.status_code == 200, r.text
