@@ -38,6 +38,7 @@ def fp_reference(
 
     from tasks.calibration import check_no_leakage
     from tasks.evaluation.gate import eval_texts, greedy_prompts, tokenize
+    from tasks.engines.engine_dir import stop_ids
     from tasks.evaluation.reference import compute_reference, save_reference
     from tasks.store import materialize, publish
 
@@ -55,7 +56,7 @@ def fp_reference(
                                 "reference_top_k": gate.reference_top_k, "student_sha256": student.sha256}) as (client, run_id):
         ref = compute_reference(
             student_dir, quantized, seqs, greedy_prompts(seqs, gate.greedy_prompts), gate.greedy_tokens, gate.reference_top_k,
-            tok(speed_text, add_special_tokens=False)["input_ids"], [tok.eos_token_id],
+            tok(speed_text, add_special_tokens=False)["input_ids"], stop_ids(student_dir),
             meta={"calibration": {"sha256": calibration.sha256, "total": calibration.meta.get("total")},
                   "student_sha256": student.sha256},
         )

@@ -299,6 +299,7 @@ def step_gate(args) -> dict:
     from flows.gate_reference import SPEED_QUESTION
     from tasks.config import load_profile
     from tasks.engines import get_backend
+    from tasks.engines.engine_dir import stop_ids
     from tasks.evaluation.gate import eval_texts, greedy_prompts, run_gate, tokenize
 
     cuda = device_of("cuda")
@@ -314,7 +315,7 @@ def step_gate(args) -> dict:
     prompts = greedy_prompts(seqs, gate.greedy_prompts)
     speed = tok(tok.apply_chat_template([{"role": "user", "content": SPEED_QUESTION}], add_generation_prompt=True,
                                         tokenize=False), add_special_tokens=False)["input_ids"]
-    stops = [tok.eos_token_id]
+    stops = stop_ids(teacher)  # where the server stops: eos, generation_config's list, the family's end tokens
     t0 = time.time()
     ref_cuda = reference_on(cuda, teacher, quantized, seqs, prompts, gate, speed, stops)
     cuda_s = time.time() - t0
