@@ -41,6 +41,26 @@ def quantize_variant(
                        meta={"variant": variant.name, "recipe": variant.recipe, "recipe_sha256": sha256_json(recipe), **info})
 
 
+@task(cache_key_fn=content_key, persist_result=True)
+def adopt_variant(student: ArtifactRef, checkpoint: ArtifactRef, variant: VariantConfig, ctx: ReleaseContext,
+                  attempt: int = 0) -> ArtifactRef:
+    """A variant quantized elsewhere (variant.prequantized): checked against the student, imported bit-exactly, logged
+    like a quantized checkpoint."""
+    from tasks.quantize import adopt
+    from tasks.store import materialize, publish
+
+    profile = ctx.resolved()
+    key = sha256_json({"student": student.sha256, "checkpoint": checkpoint.sha256, "v": variant.model_dump()})[:16]
+    out = profile.work / "artifacts" / "quantized" / f"{variant.name}-{key}"
+    stage = f"quantize-{variant.name}" + (f"-attempt{attempt}" if attempt else "")
+    with stage_run(ctx, stage, variant.model_dump() | {"checkpoint_sha256": checkpoint.sha256}) as (client, run_id):
+        info = adopt(materialize(student), materialize(checkpoint), out)
+        client.log_dict(run_id, info["weight_error"], "weight_error.json")
+        client.log_metric(run_id, "size_mb", info["size_mb"])
+        return publish(client, run_id, out, "quantized", "quantized",
+                       meta={"variant": variant.name, "recipe": f"prequantized:{variant.prequantized}", **info})
+
+
 @flow(name="quantize", log_prints=True)
 def quantize(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef, attempt: int = 0) -> list[ArtifactRef]:
     """Student and calibration set in, one compressed checkpoint per variant out."""
@@ -55,6 +75,9 @@ def quantize(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef
         # attempt k also tries the k first less aggressive fallbacks (mixed W8/W4, then W8A16, …)
         for v in p.quantize.variants + p.quantize.fallback_variants[:attempt]
     ]
+    adopted = {v.name: adopt_variant(student, ctx.input(v.prequantized), v, ctx, attempt)
+               for v in variants if v.prequantized is not None}  # quantized elsewhere: checked and imported, no oneshot
+    variants = [v for v in variants if v.prequantized is None]
     recipes = [load_recipe(materialize(ctx.input(v.recipe)), p.quantize.recipe_overrides) for v in variants]
     # Variants are mapped tasks: a GPU worker runs max_parallel of them at once, one GPU each. The
     # CPU profiles keep max_parallel at 1 because parallel variants would only share the same cores.
@@ -76,4 +99,5 @@ def quantize(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef
             # a cached result whose checkpoint the store lost is quantized again
             refs.append(refreshed_if_missing(ref, quantize_variant, student, calibration, variants[start + i],
                                              recipes[start + i], ctx, attempt, i))
-    return refs
+    order = [v.name for v in p.quantize.variants + p.quantize.fallback_variants[:attempt]]
+    return sorted(refs + list(adopted.values()), key=lambda r: order.index(r.meta["variant"]))

@@ -340,12 +340,27 @@ class CalibrationConfig(_Strict):
 
 
 class VariantConfig(_Strict):
-    CACHE_EXCLUDE: ClassVar[frozenset[str]] = frozenset({"recipe"})  # the quantize task gets the recipe's content
+    # the quantize task gets the recipe's (or the pre-quantized checkpoint's) content, not its path
+    CACHE_EXCLUDE: ClassVar[frozenset[str]] = frozenset({"recipe", "prequantized"})
     name: str = Field(description="Variant name used in reports and the registry (e.g. awq-w4a16).")
-    recipe: str = Field(description="llm-compressor recipe YAML, relative to the repo; passed through unchanged.")
+    recipe: str | None = Field(default=None, description="llm-compressor recipe YAML, relative to the repo; passed "
+                               "through unchanged. Exactly one of recipe and prequantized.")
+    prequantized: str | None = Field(
+        default=None, description="A directory holding this variant already quantized elsewhere (AutoAWQ GEMM, GPTQ or "
+        "compressed-tensors, e.g. Qwen's official -AWQ release), relative to the repo: adopted bit-exactly instead of "
+        "quantized (tasks/quantize.py adopt), then built, gated against the student and registered like the others. It "
+        "must be the student's model (the same Architecture): start the student from its FP weights (distill.student_from).")
     calibration_samples: int | None = Field(
         default=None, description="Use only the first N calibration samples for this variant (None: all)."
     )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> VariantConfig:
+        if (self.recipe is None) == (self.prequantized is None):
+            raise ValueError(f"variant {self.name!r}: give exactly one of recipe (quantize here) and prequantized "
+                             f"(adopt a checkpoint quantized elsewhere); got recipe={self.recipe!r}, "
+                             f"prequantized={self.prequantized!r}")
+        return self
 
 
 class QuantizeConfig(_Strict):
@@ -662,8 +677,10 @@ class Profile(_Strict):
         refs = {f"distill.corpora[{i}]": c for i, c in enumerate(self.distill.corpora)}
         refs |= {f"calibration.sources.{k}": v for k, v in self.calibration.sources.items()}
         refs |= {f"gate.eval_sources.{k}": v for k, v in self.gate.eval_sources.items()}
-        refs |= {f"quantize.variants[{i}].recipe": v.recipe for i, v in enumerate(self.quantize.variants)}
-        refs |= {f"quantize.fallback_variants[{i}].recipe": v.recipe for i, v in enumerate(self.quantize.fallback_variants)}
+        for group in ("variants", "fallback_variants"):
+            for i, v in enumerate(getattr(self.quantize, group)):
+                field = "recipe" if v.recipe is not None else "prequantized"  # a pre-quantized checkpoint: a directory
+                refs[f"quantize.{group}[{i}].{field}"] = getattr(v, field)
         if self.distill.strategy == "deepspeed-zero3" and self.distill.processes != 1:
             refs["distill.deepspeed_config"] = self.distill.deepspeed_config
         if self.distill.student_from is not None:

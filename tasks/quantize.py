@@ -190,3 +190,48 @@ def quantize(
     errors = weight_errors(AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float32, **transformers_kwargs(student_dir)),
                            load_dequantized(out_dir))
     return {"size_mb": size / 2**20, "scheme": recipe_scheme(recipe), "schemes": recipe_schemes(recipe), "weight_error": errors}
+
+
+def adopt(student_dir: Path, src: Path, out_dir: Path) -> dict:
+    """A checkpoint quantized elsewhere as this variant's, instead of quantizing: setup (read and check it against the
+    student, the model's FP weights) → import (AutoAWQ / GPTQ through checkpoint.import_prequantized, bit-exactly;
+    compressed-tensors copied) → save. Returns the same facts `quantize` does, the weight error measured against the
+    student. ValueError naming the field that differs when the checkpoint is not the student's architecture."""
+    from transformers import AutoModelForCausalLM
+
+    from tasks.architecture import describe
+    from tasks.engines.checkpoint import copy_tokenizer_files, import_prequantized, prequantized, read_config, weight_schemes
+
+    student_dir, src, out_dir = Path(student_dir), Path(src), Path(out_dir)
+    config, student = read_config(src), read_config(student_dir)
+    theirs, ours = describe(config, f"{src}/config.json").model_dump(), describe(student, f"{student_dir}/config.json").model_dump()
+    differ = {k: {"checkpoint": theirs[k], "student": ours[k]} for k in ours if theirs[k] != ours[k]}
+    if differ:
+        raise ValueError(f"{src}: a pre-quantized variant must be the student's model quantized; its config.json differs "
+                         f"in {differ}. Fix: start the student from the checkpoint's FP model (distill.student_from), "
+                         "or drop the variant")
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if prequantized(config):
+        scheme = import_prequantized(src, tmp)
+        schemes = [scheme]
+    else:
+        found = weight_schemes(config, f"{src}/config.json")
+        if not found:
+            raise ValueError(f"{src}/config.json has no quantization_config: a pre-quantized variant names an AutoAWQ, "
+                             "GPTQ or compressed-tensors checkpoint; a dense model is the student (distill.student_from)")
+        shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("edgeflow-manifest.json"))
+        schemes = list(found.values())
+    if not (tmp / "tokenizer.json").exists():
+        copy_tokenizer_files(student_dir, tmp)
+    write_manifest(tmp)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    size = sum(p.stat().st_size for p in out_dir.rglob("*.safetensors"))
+    errors = weight_errors(AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float32, **transformers_kwargs(student_dir)),
+                           load_dequantized(out_dir))
+    first = schemes[0]
+    return {"size_mb": size / 2**20, "scheme": {"bits": first.bits, "group_size": first.group_size,
+                                                "symmetric": first.symmetric, "actorder": first.actorder},
+            "schemes": [s.summary() | {"strategy": s.strategy, "actorder": s.actorder} for s in schemes],
+            "weight_error": errors, "prequantized_from": prequantized(config) or "compressed-tensors"}

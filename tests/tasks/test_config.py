@@ -152,3 +152,22 @@ def test_cache_keys_hold_what_a_stage_reads_not_where_its_files_lie():
     assert key(cfg=DistillConfig(), corpora=[ref]) != key(cfg=DistillConfig(), corpora=[edited])
     assert key(gate=GateConfig(eval_sources={"chat": "a.jsonl"})) == key(gate=GateConfig(eval_sources={"chat": "b.jsonl"}))
     assert key(gate=GateConfig(max_mean_kl=0.1)) != key(gate=GateConfig(max_mean_kl=0.2))
+
+
+def test_a_variant_is_a_recipe_or_a_checkpoint_quantized_elsewhere(tmp_path):
+    """quantize.variants[].prequantized: a directory the release publishes like any input file; one of recipe and
+    prequantized, never both or neither."""
+    ckpt = tmp_path / "Qwen2.5-0.5B-Instruct-AWQ"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    p = load_profile(_profile(tmp_path, lambda d: d["quantize"]["variants"].append(
+        {"name": "official-awq", "prequantized": str(ckpt)})))
+    assert p.input_files()[f"quantize.variants[{len(p.quantize.variants) - 1}].prequantized"] == str(ckpt)
+    with pytest.raises(ValidationError, match=r"variant 'both': give exactly one of recipe .* and prequantized"):
+        load_profile(_profile(tmp_path, lambda d: d["quantize"]["variants"].append(
+            {"name": "both", "prequantized": str(ckpt), "recipe": "deployments/recipes/awq-w4a16-asym.yaml"})))
+    with pytest.raises(ValidationError, match=r"variant 'neither': give exactly one of recipe"):
+        load_profile(_profile(tmp_path, lambda d: d["quantize"]["variants"].append({"name": "neither"})))
+    with pytest.raises(ValidationError, match=r"files named by the profile do not exist .*prequantized=/nowhere"):
+        load_profile(_profile(tmp_path, lambda d: d["quantize"]["variants"].append(
+            {"name": "gone", "prequantized": "/nowhere"})))

@@ -163,3 +163,32 @@ def test_layouts_not_read_are_refused_naming_the_field(source, tmp_path: Path) -
         ck.import_prequantized(src, tmp_path / "out")
     with pytest.raises(ValueError, match=r"quant_method=None: not an AutoAWQ or GPTQ checkpoint"):
         ck.import_prequantized(source["dense"], tmp_path / "out")
+
+
+def test_a_variant_quantized_elsewhere_is_adopted_against_its_student(source, tmp_path: Path) -> None:
+    """quantize.variants[].prequantized (tasks/quantize.py adopt): an AutoAWQ checkpoint of the student becomes the
+    variant's compressed-tensors checkpoint with the same integers, its weight error measured against the student; a
+    compressed-tensors one is taken as it is; another model, or a dense one, is refused naming what differs."""
+    from tasks.artifacts import verify_manifest
+    from tasks.quantize import adopt
+
+    ref = _fp16_scales(source["asym"], tmp_path / "ref")
+    _write_awq_gemm(ref, tmp_path / "awq")
+    info = adopt(source["dense"], tmp_path / "awq", tmp_path / "adopted")
+    verify_manifest(tmp_path / "adopted")
+    assert info["prequantized_from"] == "awq" and info["scheme"]["bits"] == 4 and info["scheme"]["group_size"] == 64
+    want, got = _layers(ref), _layers(tmp_path / "adopted")
+    assert all(np.array_equal(want[p].q, got[p].q) and np.array_equal(want[p].scale, got[p].scale) for p in want)
+    assert set(info["weight_error"]) and all(0 < e < 1 for e in info["weight_error"].values())
+    assert (tmp_path / "adopted" / "tokenizer.json").exists()  # the checkpoint's, else the student's
+
+    ct = adopt(source["dense"], source["sym"], tmp_path / "ct")
+    assert ct["prequantized_from"] == "compressed-tensors" and ct["scheme"]["symmetric"] is True
+
+    other = build_tiny("qwen2", tmp_path / "other-model", num_hidden_layers=2)
+    with pytest.raises(ValueError, match=r"must be the student's model quantized; its config.json differs in "
+                                         r"\{'num_hidden_layers': \{'checkpoint': 3, 'student': 2\}"):
+        adopt(other, tmp_path / "awq", tmp_path / "refused")
+    with pytest.raises(ValueError, match=r"has no quantization_config: a pre-quantized variant names"):
+        adopt(source["dense"], source["dense"], tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
