@@ -518,3 +518,53 @@ if __name__ == "__main__":
     if len(sys.argv) != 4 or sys.argv[1] != "import":
         raise SystemExit("usage: python -m tasks.engines.checkpoint import SRC_DIR DST_DIR")
     print(import_prequantized(Path(sys.argv[2]), Path(sys.argv[3])).summary())
+
+
+def layer_scheme(tensors: dict[str, np.ndarray], prefix: str, schemes: dict[str, WeightScheme]) -> WeightScheme:
+    """The config group's scheme that a layer's stored shapes say it was quantized with (mixed W8/W4 recipes have
+    several); InexactWeights when the shapes match none or more than one."""
+    packed, scale = tensors[f"{prefix}.weight_packed"], tensors[f"{prefix}.weight_scale"]
+    shape = tensors.get(f"{prefix}.weight_shape")
+    n_in = int(shape[1]) if shape is not None else None
+    found = set()
+    for s in schemes.values():
+        cols = n_in if n_in is not None else packed.shape[1] * 32 // s.bits
+        groups = 1 if s.strategy == "channel" else cols // (s.group_size or cols)
+        if packed.shape[1] * 32 == cols * s.bits and scale.reshape(packed.shape[0], -1).shape[1] == groups:
+            found.add(s)
+    if len(found) != 1:
+        raise InexactWeights(f"{prefix}: its stored shapes match {len(found)} of the checkpoint's schemes "
+                             f"{sorted(str(s.summary()) for s in schemes.values())}; cannot tell which one it used")
+    return found.pop()
+
+
+def recipe_algorithm(checkpoint_dir: Path) -> str | None:
+    """awq/gptq/rtn from the recipe.yaml llm-compressor saves next to the weights (None if absent or unclear; an
+    adopted pre-quantized checkpoint has none)."""
+    path = Path(checkpoint_dir) / "recipe.yaml"
+    if not path.exists():
+        return None
+    text = path.read_text()
+    for marker, name in (("AWQModifier", "awq"), ("GPTQModifier", "gptq"), ("QuantizationModifier", "rtn")):
+        if marker in text:
+            return name
+    return None
+
+
+def holds_packed_weights(tensor_names) -> bool:
+    """Whether a checkpoint's tensor names (e.g. from its safetensors headers) include compressed-tensors' packed
+    integers: what a checkpoint whose config.json has a quantization_config must hold."""
+    return any(str(k).endswith(".weight_packed") for k in tensor_names)
+
+
+def checkpoint_algorithm(checkpoint_dir: Path, given: str | None) -> tuple[str | None, str | None]:
+    """(the algorithm that produced a checkpoint, where that was read): the engine profile's `algorithm` when given
+    ("profile"), else the checkpoint's recipe.yaml ("recipe.yaml"), else (None, None). ValueError when both are known
+    and disagree."""
+    recipe = recipe_algorithm(checkpoint_dir)
+    if given is None:
+        return recipe, ("recipe.yaml" if recipe else None)
+    if recipe is not None and recipe != given:
+        raise ValueError(f"profile algorithm={given!r} but {checkpoint_dir}/recipe.yaml describes {recipe!r}; pass the "
+                         "recipe that produced this checkpoint (or drop algorithm to use recipe.yaml)")
+    return given, "profile"

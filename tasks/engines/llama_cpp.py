@@ -52,11 +52,13 @@ from tasks.architecture import Architecture, Rope, require
 from tasks.artifacts import sha256_tree
 from tasks.engines import EngineIncompatibleError, engine_dir as edir, validate_profile
 from tasks.engines.checkpoint import (
+    QUANT_LEAVES,
     InexactWeights,
     QuantizedLayer,
     WeightScheme,
     copy_tokenizer_files,
     layer,
+    layer_scheme,
     load_dequantized,
     load_tensors,
     read_config,
@@ -188,23 +190,6 @@ def detect_schemes(checkpoint_dir: Path) -> dict[str, WeightScheme] | None:
     for name, s in schemes.items():
         _block_type(s, f"{where} quantization_config.config_groups.{name}")
     return schemes
-
-
-def _layer_scheme(tensors: dict[str, np.ndarray], prefix: str, schemes: dict[str, WeightScheme]) -> WeightScheme:
-    """The config group's scheme that a layer's stored shapes say it was quantized with (mixed recipes have several)."""
-    packed, scale = tensors[f"{prefix}.weight_packed"], tensors[f"{prefix}.weight_scale"]
-    shape = tensors.get(f"{prefix}.weight_shape")
-    n_in = int(shape[1]) if shape is not None else None
-    found = set()
-    for s in schemes.values():
-        cols = n_in if n_in is not None else packed.shape[1] * 32 // s.bits
-        groups = 1 if s.strategy == "channel" else cols // (s.group_size or cols)
-        if packed.shape[1] * 32 == cols * s.bits and scale.reshape(packed.shape[0], -1).shape[1] == groups:
-            found.add(s)
-    if len(found) != 1:
-        raise InexactWeights(f"{prefix}: its stored shapes match {len(found)} of the checkpoint's schemes "
-                             f"{sorted(str(s.summary()) for s in schemes.values())}; cannot tell which one it used")
-    return found.pop()
 
 
 # --------------------------------------------------------------------------------------------
@@ -440,25 +425,25 @@ def write_gguf(checkpoint_dir: Path, out: Path, prof: Profile, dequantized_from:
         types_written["f32"] = types_written.get("f32", 0) + 1
 
     quant_prefixes = set(prefixes)
+    for prefix in sorted(quant_prefixes):
+        folds_q = q_fold != 1.0 and not arch.qk_norm and prefix.endswith("self_attn.q_proj")
+        s = layer_scheme(tensors, prefix, schemes)
+        q = layer(tensors, prefix, s)
+        if folds_q:
+            q = QuantizedLayer(q.q, q.zero, (q.scale * np.float32(q_fold)).astype(q.scale.dtype))
+        if (n := _rope_heads(prefix, config)) is not None:
+            q = QuantizedLayer(permute_rope_rows(q.q, n), permute_rope_rows(q.zero, n), permute_rope_rows(q.scale, n))
+        kind, blocks, r = encode_blocks(q, s.bits, s.symmetric)
+        add(f"{prefix}.weight", blocks, getattr(GGMLQuantizationType, kind), kind)
+        agg = rounding.setdefault(kind, {"scale_rel": 0.0, "m_rel": 0.0, "weight_abs": 0.0})
+        for k, v in r.items():
+            agg[k] = max(agg[k], v)
     for name in sorted(tensors):
         prefix, _, leaf = name.rpartition(".")
+        if prefix in quant_prefixes and leaf in QUANT_LEAVES:
+            continue  # written above from its integers; a quantized layer's bias is written dense, below
         folds_q = q_fold != 1.0 and ((arch.qk_norm and prefix.endswith("self_attn.q_norm"))
                                      or (not arch.qk_norm and prefix.endswith("self_attn.q_proj")))
-        if prefix in quant_prefixes and leaf != "bias":  # a quantized layer's bias is written dense, below
-            if leaf != "weight_packed":
-                continue
-            s = _layer_scheme(tensors, prefix, schemes)
-            q = layer(tensors, prefix, s)
-            if folds_q:
-                q = QuantizedLayer(q.q, q.zero, (q.scale * np.float32(q_fold)).astype(q.scale.dtype))
-            if (n := _rope_heads(prefix, config)) is not None:
-                q = QuantizedLayer(permute_rope_rows(q.q, n), permute_rope_rows(q.zero, n), permute_rope_rows(q.scale, n))
-            kind, blocks, r = encode_blocks(q, s.bits, s.symmetric)
-            add(f"{prefix}.weight", blocks, getattr(GGMLQuantizationType, kind), kind)
-            agg = rounding.setdefault(kind, {"scale_rel": 0.0, "m_rel": 0.0, "weight_abs": 0.0})
-            for k, v in r.items():
-                agg[k] = max(agg[k], v)
-            continue
         x = np.asarray(tensors[name].detach().numpy() if hasattr(tensors[name], "detach") else tensors[name])
         if name == "lm_head.weight" and arch.tie_word_embeddings:
             continue  # llama.cpp reads a tied head from token_embd

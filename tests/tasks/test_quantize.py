@@ -68,7 +68,7 @@ def test_the_checkpoint_records_its_recipe_whichever_thread_quantizes(tiny_llama
 
     import llmcompressor  # noqa: F401  imported in this thread before the run in another
 
-    from tasks.engines.tensorrt_llm.plan import recipe_algorithm
+    from tasks.engines.checkpoint import recipe_algorithm
 
     ids = [[(7 * i + j) % 500 + 1 for j in range(32)] for i in range(4)]
     quantize(tiny_llama, load_recipe(RECIPES / "rtn-w4a16-asym.yaml"), ids, tmp_path / "here")

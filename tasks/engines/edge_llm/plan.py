@@ -33,7 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from tasks.architecture import require
-from tasks.engines.checkpoint import InexactWeights, int4_group_scheme, read_config, weight_schemes
+from tasks.engines.checkpoint import InexactWeights, checkpoint_algorithm, int4_group_scheme, read_config, weight_schemes
 
 BACKEND = "edge_llm"
 
@@ -201,18 +201,6 @@ def edge_llm_src_dir(options: dict[str, Any]) -> Path:
     return Path(options.get("edge_llm_src") or os.environ.get(EDGE_LLM_SRC_ENV) or DEFAULT_EDGE_LLM_SRC)
 
 
-def recipe_algorithm(checkpoint_dir: Path) -> str | None:
-    """awq/gptq/rtn from the recipe.yaml llm-compressor saves next to the weights, or None if absent/unclear."""
-    path = Path(checkpoint_dir) / "recipe.yaml"
-    if not path.exists():
-        return None
-    text = path.read_text()
-    for marker, name in (("AWQModifier", "awq"), ("GPTQModifier", "gptq"), ("QuantizationModifier", "rtn")):
-        if marker in text:
-            return name
-    return None
-
-
 def quantization_plan(config: dict[str, Any], build_profile: BuildProfile, where: str = "config.json") -> dict[str, Any]:
     """What the exporter gets for this checkpoint: dense fp16, the int4 GPTQ repack, or (opt-in) fp16 dequantized.
 
@@ -327,13 +315,7 @@ def plan_build(checkpoint_dir: Path, profile: dict | None, out_dir: Path | None 
     if limit and bp.max_kv_cache_capacity > limit:
         raise ValueError(f"profile max_kv_cache_capacity={bp.max_kv_cache_capacity} exceeds the model's "
                          f"max_position_embeddings={limit}; lower it to <= {limit}")
-    recipe = recipe_algorithm(checkpoint_dir)
-    algorithm, source = options["algorithm"], "profile"
-    if algorithm is None:
-        algorithm, source = recipe, ("recipe.yaml" if recipe else None)
-    elif recipe is not None and recipe != algorithm:
-        raise ValueError(f"profile algorithm={algorithm!r} but {checkpoint_dir}/recipe.yaml describes {recipe!r}; pass "
-                         "the recipe that produced this checkpoint (or drop algorithm to use recipe.yaml)")
+    algorithm, source = checkpoint_algorithm(checkpoint_dir, options["algorithm"])
     quant = {**quantization_plan(config, bp, f"{checkpoint_dir}/config.json"), "algorithm": algorithm,
              "algorithm_source": source}
     work = out_dir.with_name(out_dir.name + ".work")

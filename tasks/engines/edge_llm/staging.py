@@ -33,6 +33,7 @@ from tasks.engines.checkpoint import (
     WeightScheme,
     copy_tokenizer_files,
     layer,
+    layer_scheme,
     load_tensors,
     read_config,
     split_tensors,
@@ -101,7 +102,7 @@ def stage_checkpoint(checkpoint_dir: Path, staging: Path, quant: dict[str, Any])
     elif kind == "dequantized":
         tensors = load_tensors(checkpoint_dir)
         dense, prefixes = split_tensors(tensors, checkpoint_dir)
-        schemes = {s.bits: s for s in _schemes(config)}
+        schemes = _schemes(config)
         out = dict(dense)
         for prefix in prefixes:
             q = _any_layer(tensors, prefix, schemes)
@@ -123,22 +124,12 @@ def stage_checkpoint(checkpoint_dir: Path, staging: Path, quant: dict[str, Any])
     return {"kind": kind, **stats}
 
 
-def _schemes(config: dict[str, Any]) -> list[WeightScheme]:
+def _schemes(config: dict[str, Any]) -> dict[str, WeightScheme]:
     from tasks.engines.checkpoint import weight_schemes
 
-    return list((weight_schemes(config, engine="edge_llm") or {}).values())
+    return weight_schemes(config, engine="edge_llm") or {}
 
 
-def _any_layer(tensors: dict[str, np.ndarray], prefix: str, schemes: dict[int, WeightScheme]) -> QuantizedLayer:
-    """The layer read with the scheme whose bit width matches its packing (mixed W8/W4 recipes have several)."""
-    packed = tensors[f"{prefix}.weight_packed"]
-    shape = tensors.get(f"{prefix}.weight_shape")
-    for bits, scheme in schemes.items():
-        if shape is None or packed.shape[1] * 32 // bits == int(shape[1]):
-            try:
-                return layer(tensors, prefix, scheme)
-            except InexactWeights:
-                raise
-            except ValueError:
-                continue
-    raise ValueError(f"{prefix}: no config group's scheme matches its packed shape {tuple(packed.shape)}")
+def _any_layer(tensors: dict[str, np.ndarray], prefix: str, schemes: dict[str, WeightScheme]) -> QuantizedLayer:
+    """The layer read with the config group's scheme its stored shapes match (mixed W8/W4 recipes have several)."""
+    return layer(tensors, prefix, layer_scheme(tensors, prefix, schemes))

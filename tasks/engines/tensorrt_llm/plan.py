@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from tasks.architecture import backends_for, describe, require
-from tasks.engines.checkpoint import read_config, weight_schemes
+from tasks.engines.checkpoint import checkpoint_algorithm, read_config, weight_schemes
 
 BACKEND = "tensorrt_llm"
 
@@ -333,21 +333,6 @@ def resolve_profile(profile: dict | None) -> tuple[str, BuildProfile, dict[str, 
     return p.build_profile, p.build_profile_model(), options
 
 
-def recipe_algorithm(checkpoint_dir: Path) -> str | None:
-    """awq/gptq/rtn from the recipe.yaml llm-compressor saves next to the weights, or None if absent/unclear."""
-    path = Path(checkpoint_dir) / "recipe.yaml"
-    if not path.exists():
-        return None
-    text = path.read_text()
-    if "AWQModifier" in text:
-        return "awq"
-    if "GPTQModifier" in text:
-        return "gptq"
-    if "QuantizationModifier" in text:
-        return "rtn"
-    return None
-
-
 def weight_scheme(config: dict[str, Any], where: str = "config.json") -> dict[str, Any] | None:
     """None for a dense checkpoint; the one weight-only scheme TensorRT-LLM's converter takes; else ValueError."""
     schemes = weight_schemes(config, where, engine="tensorrt_llm")
@@ -563,15 +548,7 @@ def plan_build(checkpoint_dir: Path, profile: dict | None, out_dir: Path | None 
             f"profile max_seq_len={build_profile.max_seq_len} exceeds the model's max_position_embeddings={limit}; "
             f"lower max_seq_len to <= {limit}"
         )
-    recipe = recipe_algorithm(checkpoint_dir)
-    algorithm, source = options["algorithm"], "profile"
-    if algorithm is None:
-        algorithm, source = recipe, ("recipe.yaml" if recipe else None)
-    elif recipe is not None and recipe != algorithm:
-        raise ValueError(
-            f"profile algorithm={algorithm!r} but {checkpoint_dir}/recipe.yaml describes {recipe!r}; pass the recipe "
-            "that produced this checkpoint (or drop algorithm to use recipe.yaml)"
-        )
+    algorithm, source = checkpoint_algorithm(checkpoint_dir, options["algorithm"])
     quant = quantization_plan(config, build_profile, algorithm, f"{checkpoint_dir}/config.json")
     quant["algorithm_source"] = source
     if quant["weight_only_precision"] is not None and not conv.exact_int4:

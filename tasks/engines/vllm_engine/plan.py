@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tasks.engines.checkpoint import read_config, weight_schemes
+from tasks.engines.checkpoint import holds_packed_weights, read_config, weight_schemes
 from tasks.engines.sampling import MAX_TOP_LOGPROBS
 
 BACKEND = "vllm"
@@ -248,7 +248,7 @@ def _check_tensors(checkpoint_dir: Path, files: list[Path], quant: dict[str, Any
             shapes |= {k: v.get("shape", []) for k, v in safetensors_header(f).items()}
         except (OSError, ValueError, struct.error) as e:
             raise ValueError(f"{f}: not a readable safetensors file ({e})") from None
-    if quant is not None and not any(k.endswith(".weight_packed") for k in shapes):
+    if quant is not None and not holds_packed_weights(shapes):
         raise ValueError(f"{checkpoint_dir}: quantization_config is set but no *.weight_packed tensor is stored; "
                          "re-save the checkpoint compressed (save_compressed=True)")
     return shapes

@@ -79,3 +79,29 @@ def test_no_backend_imports_another_backends_names():
             for module, names in _imports(f):
                 other = next((m for m in backend_modules if module == m or module.startswith(m + ".")), None)
                 assert other in (None, dotted), f"{f.relative_to(REPO)} imports {names} from the backend {other}"
+
+
+def _format_literals(tree: ast.AST) -> list[str]:
+    """String constants that name a piece of the checkpoint format on their own: "weight_packed", ".weight_packed",
+    "recipe.yaml" (whole constants or whole f-string pieces; words inside messages and docstrings do not count)."""
+    wanted = {"weight_packed", ".weight_packed", "recipe.yaml", "/recipe.yaml"}
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and n.value in wanted]
+
+
+def test_packed_weights_and_the_recipe_are_read_only_through_checkpoint_py():
+    """One owner of the checkpoint format: no backend indexes compressed-tensors' packed integers or opens the recipe
+    itself; tasks/engines/checkpoint.py does (layer, quantized_layers, layer_scheme, holds_packed_weights,
+    recipe_algorithm)."""
+    offenders = []
+    for dotted in BACKENDS.values():
+        root = REPO / Path(*dotted.split("."))
+        for f in sorted(root.glob("*.py")) if root.is_dir() else [root.with_suffix(".py")]:
+            tree = ast.parse(f.read_text())
+            found = _format_literals(tree) + [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                                              and n.name in ("recipe_algorithm", "layer_scheme", "_layer_scheme")]
+            if found:
+                offenders.append(f"{f.relative_to(REPO)}: {found}")
+    assert not offenders, offenders
+    checkpoint = ast.parse((REPO / "tasks" / "engines" / "checkpoint.py").read_text())
+    assert _format_literals(checkpoint)  # the owner does name them: the test looks for the right spelling

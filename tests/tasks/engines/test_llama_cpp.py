@@ -125,7 +125,7 @@ def _expected(ckpt: Path) -> dict[str, tuple[np.ndarray, str]]:
     tensors = load_tensors(ckpt)
     out = {}
     for prefix in split_tensors(tensors, ckpt)[1]:
-        s = llama_cpp._layer_scheme(tensors, prefix, schemes)
+        s = llama_cpp.layer_scheme(tensors, prefix, schemes)
         q = layer(tensors, prefix, s)
         w = (q.q.astype(np.float32) - np.repeat(q.zero, q.group_size, axis=1)) * np.repeat(q.scale, q.group_size, axis=1)
         if (n := llama_cpp._rope_heads(prefix, config)) is not None:
