@@ -183,13 +183,21 @@ def quantize(
         model = model.to("cpu")
         model.save_pretrained(tmp, save_compressed=True)
     tokenizer.save_pretrained(tmp)  # the engine build copies it next to the engine
+    return _saved(student_dir, tmp, out_dir) | {"scheme": recipe_scheme(recipe), "schemes": recipe_schemes(recipe)}
+
+
+def _saved(student_dir: Path, tmp: Path, out_dir: Path) -> dict:
+    """Finish a variant's checkpoint: manifest, `tmp` moved to `out_dir`; its size and its weight error against the
+    student."""
+    from transformers import AutoModelForCausalLM
+
     write_manifest(tmp)
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
     size = sum(p.stat().st_size for p in out_dir.rglob("*.safetensors"))
     errors = weight_errors(AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float32, **transformers_kwargs(student_dir)),
                            load_dequantized(out_dir))
-    return {"size_mb": size / 2**20, "scheme": recipe_scheme(recipe), "schemes": recipe_schemes(recipe), "weight_error": errors}
+    return {"size_mb": size / 2**20, "weight_error": errors}
 
 
 def adopt(student_dir: Path, src: Path, out_dir: Path) -> dict:
@@ -197,8 +205,6 @@ def adopt(student_dir: Path, src: Path, out_dir: Path) -> dict:
     student, the model's FP weights) → import (AutoAWQ / GPTQ through checkpoint.import_prequantized, bit-exactly;
     compressed-tensors copied) → save. Returns the same facts `quantize` does, the weight error measured against the
     student. ValueError naming the field that differs when the checkpoint is not the student's architecture."""
-    from transformers import AutoModelForCausalLM
-
     from tasks.architecture import describe
     from tasks.engines.checkpoint import copy_tokenizer_files, import_prequantized, prequantized, read_config, weight_schemes
 
@@ -224,14 +230,9 @@ def adopt(student_dir: Path, src: Path, out_dir: Path) -> dict:
         schemes = list(found.values())
     if not (tmp / "tokenizer.json").exists():
         copy_tokenizer_files(student_dir, tmp)
-    write_manifest(tmp)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
-    size = sum(p.stat().st_size for p in out_dir.rglob("*.safetensors"))
-    errors = weight_errors(AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float32, **transformers_kwargs(student_dir)),
-                           load_dequantized(out_dir))
     first = schemes[0]
-    return {"size_mb": size / 2**20, "scheme": {"bits": first.bits, "group_size": first.group_size,
-                                                "symmetric": first.symmetric, "actorder": first.actorder},
-            "schemes": [s.summary() | {"strategy": s.strategy, "actorder": s.actorder} for s in schemes],
-            "weight_error": errors, "prequantized_from": prequantized(config) or "compressed-tensors"}
+    return _saved(student_dir, tmp, out_dir) | {
+        "scheme": {"bits": first.bits, "group_size": first.group_size, "symmetric": first.symmetric,
+                   "actorder": first.actorder},
+        "schemes": [s.summary() | {"strategy": s.strategy, "actorder": s.actorder} for s in schemes],
+        "prequantized_from": prequantized(config) or "compressed-tensors"}
