@@ -33,7 +33,7 @@ from tasks.textdata import read_records, record_messages
 
 logger = logging.getLogger("edgeflow.distill")
 
-SEQKD_FORMAT = 1
+SEQKD_FORMAT = 2  # 2: answers stop at every end token (engine_dir.stop_ids), not only the tokenizer's eos
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,11 @@ def prompts_sha256(prompts: list[list[dict]]) -> str:
 @torch.no_grad()
 def generate_answers(teacher, tokenizer, prompts: list[list[dict]], max_new_tokens: int, batch_size: int = 16) -> list[str]:
     """The teacher's greedy answer to each prompt (left-padded batches, its chat template, end-of-turn stops)."""
+    from tasks.engines.engine_dir import stop_ids
+
     device = next(teacher.parameters()).device
+    # where the server stops: the eos, generation_config's list (Gemma: <eos>, <end_of_turn>), the family's end tokens
+    stops = stop_ids(Path(teacher.name_or_path)) or tokenizer.eos_token_id
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     answers: list[str] = []
@@ -88,7 +92,7 @@ def generate_answers(teacher, tokenizer, prompts: list[list[dict]], max_new_toke
             enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
             # attention_mask always: pad and end-of-turn ids coincide in SmolLM2's tokenizer (FIELD-NOTES)
             out = teacher.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id,
-                                   eos_token_id=tokenizer.eos_token_id)
+                                   eos_token_id=stops)
             answers += [a.strip() for a in tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)]
     finally:
         tokenizer.padding_side = side
