@@ -459,6 +459,56 @@ def test_an_unchanged_rerun_is_cached_and_an_edited_recipe_recomputes_exactly_wh
     assert all(after[s] == before.get(s, 0) + 1 for s in changed)
 
 
+def test_a_variant_quantized_elsewhere_is_adopted_built_gated_and_registered(services, teacher_dir, tmp_path):
+    """quantize.variants[].prequantized: an AutoGPTQ checkpoint of the student's architecture (the teacher cut to the
+    student's layers, RTN int4, written in AutoGPTQ's layout) is published with the release, adopted bit-exactly on the
+    a100 pool instead of quantized, then built and gated on the orin pool and registered beside the variants quantized
+    here; distillation, calibration and the other variants come from the first test's cache."""
+    import torch
+    import yaml
+    from mlflow import MlflowClient
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tasks.distill.student import keep_layers
+    from tasks.engines.checkpoint import read_config, weight_schemes, write_gptq_int4
+    from tests.families import rtn_int4
+
+    cut = tmp_path / "cut"
+    keep_layers(AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32), (0, 15, 29)).save_pretrained(cut)
+    AutoTokenizer.from_pretrained(teacher_dir).save_pretrained(cut)
+    rtn = rtn_int4(cut, tmp_path / "rtn", symmetric=True)
+    elsewhere = tmp_path / "gptq-elsewhere"
+    write_gptq_int4(rtn, elsewhere, next(iter(weight_schemes(read_config(rtn)).values())))
+    assert read_config(elsewhere)["quantization_config"]["quant_method"] == "gptq"
+
+    data = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
+    data["name"] = "tiny-prequantized"  # not test-tiny-*: other tests read the newest test-tiny report
+    data["quantize"]["variants"].append({"name": "gptq-elsewhere", "prequantized": str(elsewhere)})
+    data["registry"]["model_name"] = "edgeflow-tiny-prequantized"
+    path = tmp_path / "prequantized.yaml"
+    path.write_text(yaml.safe_dump(data))
+    c = MlflowClient(services["MLFLOW_TRACKING_URI"])
+    before = _stage_runs(c)
+
+    fr = run_deployment("release/release", parameters={"profile": str(path), "deploy": "none"}, timeout=1800)
+    assert fr.state.is_completed(), fr.state.message
+    report = fr.state.result()
+    rows = {r["name"]: r for r in report["variants"]}
+    assert list(rows) == ["fp32", "awq-w4a16", "gptq-w4a16", "gptq-elsewhere"]
+    assert rows["gptq-elsewhere"]["engine_precision"] == "int4" and rows["gptq-elsewhere"]["engine_parity"] >= 0.9
+    after = _stage_runs(c)
+    changed = {s for s in after if after[s] != before.get(s, 0)}
+    assert {"quantize-gptq-elsewhere", "build-engine-gptq-elsewhere", "consistency", "register"} <= changed, changed
+    # what earlier tests of this file computed is found again, not recomputed
+    assert not {s for s in changed if before.get(s) and s.startswith(("distill", "calibrate", "quantize-awq", "quantize-gptq-w4a16"))}
+    run = c.search_runs([c.get_experiment_by_name("edgeflow-release").experiment_id],
+                        "tags.`edgeflow.stage` = 'quantize-gptq-elsewhere'", max_results=1)[0]
+    assert "calibration_sha256" not in run.data.params  # adopted: no calibration read
+    versions = {v.tags.get("edgeflow.variant"): v for v in c.search_model_versions("name = 'edgeflow-tiny-prequantized'")}
+    if "gptq-elsewhere" in versions:  # registered when it passed the gate
+        assert versions["gptq-elsewhere"].tags["edgeflow.recipe"] == f"prequantized:{elsewhere}"
+
+
 @pytest.mark.extended  # `make test-all` only: README, "Tests: what runs where"
 def test_gate_nobody_can_pass_keeps_aliases_recalibrates_and_reports(services, tmp_path):
     import yaml
@@ -558,6 +608,8 @@ def _stage_runs(c, experiment: str = "edgeflow-release") -> dict[str, int]:
     from collections import Counter
 
     exp = c.get_experiment_by_name(experiment)
+    if exp is None:  # no release has run yet (a test run on its own)
+        return {}
     runs = c.search_runs([exp.experiment_id], "tags.`edgeflow.stage` != ''", max_results=5000)
     return dict(Counter(r.data.tags["edgeflow.stage"] for r in runs))
 
