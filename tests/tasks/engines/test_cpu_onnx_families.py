@@ -41,6 +41,6 @@ def test_fp32_logits_and_greedy_tokens_match_transformers(model_type: str, teach
 def test_a_family_the_builder_cannot_take_is_refused_before_any_work(tmp_path: Path) -> None:
     model_dir = build_tiny("gemma3_text", tmp_path / "gemma3")
     with pytest.raises(ValueError, match=r"Gemma 3 family .* cannot run on engine.backend=cpu: .*KeyError 'rope_type'.*"
-                                         r"backends that run it: cpu_native, vllm"):
+                                         r"backends that run it: cpu_native, llama_cpp, tensorrt_llm, vllm"):
         cpu_onnx.build(model_dir, tmp_path / "engine", {})
     assert not (tmp_path / "engine").exists()
