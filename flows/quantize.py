@@ -75,8 +75,12 @@ def quantize(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef
         # attempt k also tries the k first less aggressive fallbacks (mixed W8/W4, then W8A16, …)
         for v in p.quantize.variants + p.quantize.fallback_variants[:attempt]
     ]
-    adopted = {v.name: adopt_variant(student, ctx.input(v.prequantized), v, ctx, attempt)
-               for v in variants if v.prequantized is not None}  # quantized elsewhere: checked and imported, no oneshot
+    adopted = {}  # quantized elsewhere: checked and imported, no oneshot
+    for v in variants:
+        if v.prequantized is not None:
+            ref = adopt_variant(student, ctx.input(v.prequantized), v, ctx, attempt)
+            # a cached result whose checkpoint the store lost is adopted again
+            adopted[v.name] = refreshed_if_missing(ref, adopt_variant, student, ctx.input(v.prequantized), v, ctx, attempt)
     variants = [v for v in variants if v.prequantized is None]
     recipes = [load_recipe(materialize(ctx.input(v.recipe)), p.quantize.recipe_overrides) for v in variants]
     # Variants are mapped tasks: a GPU worker runs max_parallel of them at once, one GPU each. The
