@@ -301,14 +301,6 @@ def _check_architecture(config: dict[str, Any], where: str) -> Architecture:
     return arch
 
 
-def rope_theta(config: dict[str, Any]) -> float:
-    """The rope base: transformers 5 keeps it in rope_parameters, earlier versions at the top level."""
-    theta = (config.get("rope_parameters") or {}).get("rope_theta", config.get("rope_theta"))
-    if theta is None:
-        raise ValueError("config.json names no rope_theta (neither rope_parameters.rope_theta nor rope_theta)")
-    return float(theta)
-
-
 def _vocab(checkpoint_dir: Path, n_vocab: int, where: str) -> tuple[list[str], list[int]]:
     """(tokens by id, token types) from tokenizer.json, padded to the model's vocabulary as llama.cpp's converter does."""
     from gguf import TokenType
