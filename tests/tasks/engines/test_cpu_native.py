@@ -25,6 +25,7 @@ from tasks.engines import EngineIncompatibleError, get_backend  # noqa: E402
 from tasks.engines import cpu_native  # noqa: E402
 from tasks.engines import cpu_host  # noqa: E402
 from tasks.distill.student import keep_layers  # noqa: E402
+from tests.families import hf_greedy  # noqa: E402
 
 if not {"avx2", "fma", "f16c"} <= cpu_native._cpu_flags() or shutil.which("cc") is None:
     pytest.skip("cpu_native needs an AVX2/FMA/F16C CPU and a C compiler", allow_module_level=True)
@@ -117,14 +118,6 @@ def _hf(path: Path):
     return load_dequantized(path)
 
 
-def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
-    x = torch.tensor([ids])
-    with torch.no_grad():
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                             pad_token_id=0)
-    return out[0, len(ids):].tolist()
-
-
 # ---------------------------------------------------------------------------------------------
 # 1. parity with the fake-quantized (or dense) HF model
 # ---------------------------------------------------------------------------------------------
@@ -136,8 +129,8 @@ def test_matches_hf(variant: str, checkpoints, sessions, record_property) -> Non
     session = sessions[variant]
     max_diff = 0.0
     for ids in _prompts():
-        assert list(cpu_native.generate(session, ids, NEW_TOKENS, [])) == _hf_greedy(model, ids, NEW_TOKENS)
-        seq = ids + _hf_greedy(model, ids, 4)
+        assert list(cpu_native.generate(session, ids, NEW_TOKENS, [])) == hf_greedy(model, ids, NEW_TOKENS)
+        seq = ids + hf_greedy(model, ids, 4)
         logits = cpu_native.score(session, seq)
         assert logits.shape == (len(seq), VOCAB) and logits.dtype == np.float32
         with torch.no_grad():
@@ -451,7 +444,7 @@ def test_group32_checkpoint_runs_dequantized(checkpoints, tmp_path: Path) -> Non
     with torch.no_grad():
         ref = model(torch.tensor([ids])).logits[0].numpy()
     assert np.abs(cpu_native.score(session, ids) - ref).max() < 1e-3
-    assert list(cpu_native.generate(session, ids, 8, [])) == _hf_greedy(model, ids, 8)
+    assert list(cpu_native.generate(session, ids, 8, [])) == hf_greedy(model, ids, 8)
 
 
 def test_unsupported_architecture_and_profile(checkpoints, tmp_path: Path) -> None:
