@@ -7,7 +7,7 @@ PROFILE ?= configs/demo-cpu.yaml
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-all test-durations down pools services venv clean
+.PHONY: demo page-test test test-all test-durations down pools services venv clean
 
 # Two installs into one venv: what `make demo` runs (torch, the pipeline, cpu_native, the `demo` extra's OpenAI client),
 # then what `make test` adds
@@ -54,6 +54,11 @@ services: venv
 	$(PY) scripts/services.py up
 
 pools: services
+
+# After `make demo`: serve the demo's current engine under the supervisor with Prometheus, Alertmanager and a
+# webhook recorder around it, wedge its engine, then freeze the whole server; print each page and its seconds.
+page-test: $(VENV)/.installed
+	$(PY) -m tasks.monitoring page-test --profile $(PROFILE)
 
 demo: services
 	set -a; eval "$$($(PY) scripts/services.py env | sed 's/^export //')"; set +a; \

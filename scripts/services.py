@@ -5,7 +5,9 @@
     python scripts/services.py env     # print the environment a shell needs to talk to them
 
 Ports and places come from the environment: EDGEFLOW_HOME (.edgeflow), EDGEFLOW_PREFECT_PORT (4200),
-EDGEFLOW_MLFLOW_PORT (5055), EDGEFLOW_POOLS (a100,orin,cpu); EDGEFLOW_SCHEDULES=off pauses every
+EDGEFLOW_MLFLOW_PORT (5055), EDGEFLOW_POOLS (a100,orin,cpu); EDGEFLOW_MONITORING=off leaves out Prometheus, Alertmanager, the blackbox exporter and
+the alert recorder (tasks/monitoring.py: their ports, EDGEFLOW_*_PORT, and the servers they watch,
+EDGEFLOW_MONITOR_TARGETS, default the demo's 127.0.0.1:8000); EDGEFLOW_SCHEDULES=off pauses every
 deployment schedule after deploying (the tests' services); EDGEFLOW_SERVERS_NICE (10) is the niceness the Prefect
 and MLflow servers run at, so stage processes on the same box get the cores first; EDGEFLOW_WORKERS=off starts the servers, pools and
 deployments but no worker (each host starts its own: README, "Running across hosts").
@@ -235,7 +237,21 @@ def up() -> None:
             continue
         if not (pidfile.exists() and alive(read_pid(pidfile))):
             _spawn(f"worker-{pool}", [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--name", f"local-{pool}"], env, home)
+    # Prometheus, Alertmanager, the blackbox exporter and the alert recorder (tasks/monitoring.py), unless
+    # EDGEFLOW_MONITORING=off; a config that amtool or promtool refuses stops `up` with its file, line and fix.
+    from tasks import monitoring
+
+    try:
+        watched = monitoring.up(home)
+    except monitoring.MonitoringConfigError as e:
+        raise SystemExit(f"monitoring: {e}") from None
+    for name, url in watched:
+        _wait(url, 60, name, home)
     print(f"Prefect UI  {env['PREFECT_UI_URL']}\nMLflow UI   {env['MLFLOW_TRACKING_URI']}")
+    on, ports, targets = monitoring.settings_from_env()
+    if on:
+        print(f"Prometheus  http://127.0.0.1:{ports.prometheus} (scraping {','.join(targets)})\n"
+              f"Alerts      http://127.0.0.1:{ports.alertmanager}, recorded in {home / 'logs' / 'alerts.jsonl'}")
 
 
 def down() -> None:

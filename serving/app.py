@@ -109,6 +109,12 @@ class ServerSettings(BaseModel):
         default=None, ge=0, description="Chaos testing only: every engine call hangs forever after this many tokens, "
         "as a stuck kernel would (exercises deadlines and the watchdog). Never set in production.",
     )
+    fault_stall_after_s: float | None = Field(
+        default=None, gt=0, description="Chaos testing only: this many seconds after the engine is ready, every engine "
+        "call hangs forever while the process stays up, in the server's first start only (EDGEFLOW_SERVER_RESTARTS=0): "
+        "the wedged kernel of a night outage, which the watchdog's restart clears. `make page-test` uses it. Never set "
+        "in production.",
+    )
     fault_corrupt_every: int | None = Field(
         default=None, ge=1, description="Chaos testing only: every Nth generated token is replaced by the next token id "
         "(answers degrade while requests and probes still succeed, as a bad on-device build would). Never set in production.",

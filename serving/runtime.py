@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -105,6 +106,7 @@ class Runtime:
         }
         self.session: Any = None
         self.state = "loading"
+        self.ready_at: float | None = None
         self.reason = "engine is loading"
         self.probe_ids = self.tokenizer("Hello", add_special_tokens=False)["input_ids"] or [self.stop_ids[0]]
         self.sampling_support: frozenset[str] = self.backend.sampling_support()
@@ -127,6 +129,8 @@ class Runtime:
         call = self.watchdog.begin()
         gen = self.backend.generate(self.session, input_ids, max_new_tokens, stop_ids, sampling)
         stall_after, corrupt = self.settings.fault_stall_after_tokens, self.settings.fault_corrupt_every
+        if self._wedged():
+            threading.Event().wait()  # chaos: the whole engine wedged (never returns; the watchdog ends the process)
         try:
             for i, token in enumerate(gen):
                 if stall_after is not None and i >= stall_after:
@@ -142,6 +146,12 @@ class Runtime:
             close = getattr(gen, "close", None)
             if close:
                 close()
+
+    def _wedged(self) -> bool:
+        """Chaos (`fault_stall_after_s`): the engine has been ready that long, in the server's first start."""
+        after = self.settings.fault_stall_after_s
+        return (after is not None and self.ready_at is not None and time.monotonic() - self.ready_at >= after
+                and os.environ.get("EDGEFLOW_SERVER_RESTARTS", "0") == "0")
 
     def _stop_ids(self) -> list[int]:
         """Where a generation stops (tasks.engines.engine_dir.stop_ids: eos, generation_config's eos list, the
@@ -173,6 +183,7 @@ class Runtime:
             warm = await loop.run_in_executor(self.executor, self._generate_n, 2)
             log.info("engine %s ready (warm-up produced %d tokens)", self.engine_version, warm)
             self.state, self.reason = "ready", "ready"
+            self.ready_at = time.monotonic()
         except Exception as e:  # noqa: BLE001 - any load failure must show up in /ready and /health
             log.exception("engine load failed")
             self.state, self.reason = "failed", f"engine load failed: {type(e).__name__}: {e}"

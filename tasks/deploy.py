@@ -225,7 +225,7 @@ def start_server(profile: Profile, engine_dir: Path, version: str, port: int) ->
     # Under the supervisor: a server its watchdog ends (engine stalled) or that crashes comes back on
     # the same port; a bad engine or bad settings (exit 2) ends the supervisor at once, failing the deploy.
     return _spawn(profile, name, [
-        sys.executable, "-m", "serving.supervisor", "--",
+        sys.executable, "-m", "serving.supervisor", "--liveness-url", f"http://127.0.0.1:{port}/ready", "--",
         sys.executable, "-m", "serving.server",
         "--engine", str(engine_dir),
         "--backend", profile.engine.backend,

@@ -186,6 +186,7 @@ def hosts(teacher_dir):
         _run("pkill", "-KILL", "-u", user(pool))
     servers_env = {"EDGEFLOW_HOME": str(BASE / "servers"), "EDGEFLOW_PREFECT_PORT": PREFECT_PORT,
                    "EDGEFLOW_MLFLOW_PORT": MLFLOW_PORT, "EDGEFLOW_SCHEDULES": "off", "EDGEFLOW_WORKERS": "off",
+                   "EDGEFLOW_MONITORING": "off",  # the monitoring stack is held by test_release_e2e.py and tests/infra
                    "EDGEFLOW_RESULT_STORAGE": str(BASE / "results")}
     subprocess.run([sys.executable, "scripts/services.py", "down"], cwd=REPO, env=os.environ | servers_env, check=False)
     from tests.flows.test_release_e2e import clear_stale_servers

@@ -5,8 +5,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,6 +55,9 @@ def services(tmp_path_factory, teacher_dir):
         "EDGEFLOW_PREFECT_PORT": os.environ.get("EDGEFLOW_TEST_PREFECT_PORT", "4310"),
         "EDGEFLOW_MLFLOW_PORT": os.environ.get("EDGEFLOW_TEST_MLFLOW_PORT", "5065"),
         "EDGEFLOW_SCHEDULES": "off",  # the tests start every run; no nightly cron firing mid-test
+        # the monitoring stack `up` starts beside them, watching the stable port test-tiny deploys to
+        "EDGEFLOW_PROMETHEUS_PORT": "9390", "EDGEFLOW_ALERTMANAGER_PORT": "9393", "EDGEFLOW_BLACKBOX_PORT": "9315",
+        "EDGEFLOW_ALERT_SINK_PORT": "9395", "EDGEFLOW_MONITOR_TARGETS": "127.0.0.1:8765",
     }
     # a fresh store per session: assertions count versions and aliases
     subprocess.run([sys.executable, "scripts/services.py", "down"], cwd=REPO, env=os.environ | env, check=False)
@@ -63,6 +68,8 @@ def services(tmp_path_factory, teacher_dir):
     from services import service_env
 
     svc = service_env({"home": str(home), "prefect_port": env["EDGEFLOW_PREFECT_PORT"], "mlflow_port": env["EDGEFLOW_MLFLOW_PORT"], "pools": ""})
+    if (home / "run" / "prometheus.pid").exists():  # started where the packages are installed (.ci/run installs them)
+        svc = svc | {"EDGEFLOW_MONITORING_UP": "1"}
     saved = {k: os.environ.get(k) for k in svc}
     os.environ.update(svc)
     # Prefect reads its settings once, at import: without this the clients here would start an "ephemeral" server
@@ -208,6 +215,22 @@ def test_release_deployment_registers_stages_and_serves(services, tmp_path):
     )
     text = "".join((chunk.choices[0].delta.content or "") for chunk in stream if chunk.choices)
     assert text  # a 3-step student may answer in whitespace; the stream must still carry content
+
+    # the Prometheus that `services.py up` started scrapes the deployed server and its deep probe passes, and
+    # Alertmanager, which it sends to, holds no alert about it
+    if services.get("EDGEFLOW_MONITORING_UP"):
+        prom, seen = "http://127.0.0.1:9390", {}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            up = httpx.get(f"{prom}/api/v1/query", params={"query": 'up{job="edgeflow-edge"}'}, timeout=5).json()["data"]["result"]
+            probe = httpx.get(f"{prom}/api/v1/query", params={"query": 'probe_success{job="edgeflow-health"}'}, timeout=5).json()["data"]["result"]
+            seen = {"up": up, "probe": probe}
+            if up and probe and up[0]["value"][1] == "1" and probe[0]["value"][1] == "1":
+                break
+            time.sleep(2)
+        assert seen["up"] and seen["up"][0]["value"][1] == "1" and seen["probe"][0]["value"][1] == "1", seen
+        assert seen["up"][0]["metric"]["device"] == "127.0.0.1"
+        assert httpx.get("http://127.0.0.1:9393/api/v2/alerts", params={"active": "true"}, timeout=5).json() == []
 
 
 class SteadyLoad:

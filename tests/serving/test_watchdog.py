@@ -154,10 +154,10 @@ def test_supervisor_gives_up_after_max_restarts(tmp_path):
     assert "exceed --max-restarts=2; giving up" in r.stderr
 
 
-@pytest.mark.parametrize("argv", [[], ["--max-restarts", "-1", "--", "true"]])
+@pytest.mark.parametrize("argv", [[], ["--max-restarts", "-1", "--", "true"], ["--liveness-failures", "0", "--", "true"]])
 def test_supervisor_usage_errors(argv):
     r = subprocess.run([sys.executable, "-m", "serving.supervisor", *argv], capture_output=True, text=True)
-    assert r.returncode == 2 and ("no command" in r.stderr or "--max-restarts must be" in r.stderr)
+    assert r.returncode == 2 and ("no command" in r.stderr or "--max-restarts must be" in r.stderr or "--liveness-failures >= 1" in r.stderr)
 
 
 def test_corrupt_tokens_chaos_changes_answers_while_requests_succeed(engine_dir):
@@ -174,3 +174,39 @@ def test_corrupt_tokens_chaos_changes_answers_while_requests_succeed(engine_dir)
             answers[every] = (r.json()["choices"][0]["text"], r.json()["usage"]["completion_tokens"])
     (clean, n_clean), (bad, n_bad) = answers[None], answers[1]
     assert n_clean >= 1 and n_bad >= 1 and bad != clean
+
+
+def test_supervisor_kills_and_restarts_a_server_that_stops_answering_and_leaves_a_loading_one_alone(tmp_path):
+    """Liveness: a child that answered HTTP and then froze (SIGSTOP) is SIGKILLed and started again; before its first
+    answer (loading) silence is not counted."""
+    port = _free_port()
+    runs = tmp_path / "runs"
+    child = (f"import os,sys,time,http.server; open({str(runs)!r},'a').write(os.environ['EDGEFLOW_SERVER_RESTARTS']+'\\n'); "
+             "time.sleep(1.5); "  # loading: nothing listens yet, and the liveness checks must not count it
+             f"http.server.HTTPServer(('127.0.0.1',{port}),http.server.SimpleHTTPRequestHandler).serve_forever()")
+    sup = subprocess.Popen([sys.executable, "-m", "serving.supervisor", "--backoff-s", "0",
+                            "--liveness-url", f"http://127.0.0.1:{port}/", "--liveness-interval-s", "0.2",
+                            "--liveness-timeout-s", "0.3", "--liveness-failures", "3", "--", sys.executable, "-c", child],
+                           cwd=tmp_path, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        import psutil
+
+        server = psutil.Process(sup.pid).children()[0]
+        assert runs.read_text().split() == ["0"]  # not killed while loading
+        server.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while runs.read_text().split() != ["0", "1"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert runs.read_text().split() == ["0", "1"]
+        assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
+    finally:
+        os.killpg(sup.pid, signal.SIGTERM)
+        _, err = sup.communicate(timeout=30)
+    assert "times in a row: frozen; killing it" in err and "exited with status -9; restarting" in err, err
