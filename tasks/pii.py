@@ -35,10 +35,14 @@ IBAN are never re-read as a phone number):
   decided first, so "Steuer-ID 12345678901" is judged as a Steuer-ID even when another 11-digit check
   (CPF, PESEL, BE national number) happens to pass.
 
-  Candidates that keep their digits: an IBAN-shaped string that fails its check; a number a validator
-  rejects while a word naming that ID or card stands next to it (a mistyped or sample ID is not a phone
-  number either); a number right after "order", "invoice", "Bestellnummer", "注文番号", … (a reference
-  number); digits written without "+", separators or a leading 0 that a unit or currency follows or
+  Fail closed: a validator that raises counts as a hit; a candidate whose check fails is still replaced when
+  a word naming its kind stands near it (a mistyped ID is still somebody's), and so is an IBAN-shaped string
+  that fails its check; a number of plausible length right after a word naming it a phone number or an ID,
+  in the fleet's languages ("我的手机号是…", "my ID number is …"), is replaced whatever libphonenumber or a
+  checksum says of it (kinds labelled_phone, labelled_id).
+
+  Candidates that keep their digits: a number whose check fails with no word naming it; a number right after
+  "order", "invoice", "Bestellnummer", "注文番号", … (a reference number); digits written without "+", separators or a leading 0 that a unit or currency follows or
   precedes ("48213907 rows", "21893095人", "$1299000"), unless a word such as "call", "Handy", "电话",
   "전화" is near; a leading calendar date; digits next to "=", "×", "*", … (arithmetic).
 
@@ -157,12 +161,15 @@ class Detector:
     hints: tuple[str, ...] = ()  # cheap pre-check: the text must contain one of these (none: a digit run)
     min_digits: int = 0  # only searched around runs of this many digits (separators allowed)
     shrink: bool = False  # a rejected candidate is retried without trailing characters (IBAN + next word)
-    keep_rejected: Literal["labelled", "always"] = "labelled"  # when a rejected candidate keeps its digits
+    # A rejected candidate (its check fails) is replaced when labelled (fail closed); unlabelled, "labelled" lets it
+    # keep its digits, and "replace" replaces it too: for a shape that names its kind as a label would (an IBAN).
+    keep_rejected: Literal["labelled", "replace"] = "labelled"
 
 
 _L = r"(?<![A-Za-z0-9+])(?<![0-9][ .-])"  # not inside a word, a run of digit groups, or after "+" (a phone)
 _R = r"(?![A-Za-z0-9])(?![ .-][0-9])"
 _SEPARATED = re.compile(r"[ .\-/]")
+_NOT_DIGIT = "".join(chr(c) for c in range(128) if not chr(c).isdigit())
 
 
 def _rx(body: str, flags: int = 0) -> re.Pattern:
@@ -177,8 +184,8 @@ def _stdnum(module: Any) -> Callable[[str], bool]:
     def ok(number: str) -> bool:
         try:
             return bool(module.is_valid(number))
-        except Exception:  # a validator error must not stop scrubbing: the candidate is not replaced
-            return False
+        except Exception:  # fail closed: a validator that raises (python-stdnum's CN table lookup raises KeyError
+            return True  # for a checksum-valid number whose region code it lacks) counts as a hit
 
     return ok
 
@@ -221,7 +228,7 @@ _SECRETS: tuple[Detector, ...] = (
 _IBAN = Detector(
     "iban", "[IBAN]", None, re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}[0-9]{2}(?:[ -]?[A-Z0-9]){11,30}"), _stdnum(_iban),
     label=_kw(r"iban|konto|compte|cuenta|conto|rekening|account|tilinumero|bank"), min_digits=2, shrink=True,
-    keep_rejected="always",  # the IBAN shape (country, check digits, groups) is no phone number either
+    keep_rejected="replace",  # fail closed: the IBAN shape (country, check digits, groups) names it, as a label would
 )
 
 
@@ -280,7 +287,8 @@ _IDS: tuple[Detector, ...] = (
 )
 
 DETECTORS: tuple[Detector, ...] = (*_SECRETS, _IBAN, *_LONG_IDS, _CARD, *_IDS)
-KINDS: dict[str, str] = {**{d.kind: d.placeholder for d in DETECTORS}, PHONE_KIND: "[PHONE]"}  # kind -> placeholder
+KINDS: dict[str, str] = {**{d.kind: d.placeholder for d in DETECTORS}, PHONE_KIND: "[PHONE]",  # kind -> placeholder
+                          "labelled_phone": "[PHONE]", "labelled_id": "[NATIONAL_ID]"}
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -485,6 +493,8 @@ class Scrubber:
             view = self._judge(det, view, [c for c in cands if _MASK not in view[c.start:c.end]], found)
         if self.phone_regions and longest >= PHONE_MIN_DIGITS:
             found.extend(self._phones(view, text))
+        if longest >= LABELLED_MIN_DIGITS:  # what the user names as a phone number or an ID, whatever checks say
+            found.extend(_labelled_numbers(_masked(view, found), text))
         return sorted(found, key=lambda f: f.start)
 
     def scrub(self, text: str) -> tuple[str, dict[str, int]]:
@@ -508,9 +518,11 @@ class Scrubber:
         claimed: list[Finding] = []
         for c in cands:
             end = _accepted_end(det, view, c.start, c.end)
-            if end is None:  # rejected: keeps its digits; masked too if named (a wrong ID is no phone number)
-                if c.labelled or det.keep_rejected == "always":
-                    claimed.append(Finding(c.start, c.end, det.kind, det.placeholder, det.region))
+            if end is None and (c.labelled or det.keep_rejected == "replace"):  # fail closed: named as this kind, it
+                end = c.start + len(view[c.start:c.end].rstrip(_NOT_DIGIT)) if det.shrink else c.end  # is replaced
+                # even when its check fails (a mistyped ID is still somebody's); a shrinking shape up to its last
+                # digit (not "IBAN DE00 … EUR"'s currency)
+            elif end is None:  # rejected, unnamed: keeps its digits
                 continue
             separated = _SEPARATED.search(view, c.start, end) is not None
             if not c.labelled and (det.needs_label == "always" or det.needs_label == "bare" and not separated):
@@ -580,6 +592,54 @@ class Scrubber:
             if rule.region not in tried and any(rule.may_match(d) for d in spans):
                 tried.add(rule.region)
                 yield rule
+
+
+# --------------------------------------------------------------------------------------------------------
+# Labelled numbers: fail closed on what the user names
+# --------------------------------------------------------------------------------------------------------
+
+# A number right after a word naming it as a phone number or an ID (with "number", "is", ":" and the like between)
+# is replaced whatever libphonenumber or a checksum says of it: "我的手机号是<an unassigned range>", "my ID number
+# is <a mistyped one>". In the fleet's languages (COVERED_REGIONS).
+_PHONE_LABELS = (
+    r"phone|mobile|cell(?:phone)?|\btel\b|telephone|whatsapp|handy|telefon|mobil|rufnummer|t[ée]l[ée]phone|portable"
+    r"|tel[ée]fono|m[óo]vil|celular|cellulare|mobiel|telefoon|kom[óo]rk\w*|puhelin|matkapuhelin"
+    r"|手机|手機|电话|電話|携帯|ケータイ|전화|핸드폰|휴대폰|फ़ोन|फोन|मोबाइल"
+)
+_ID_LABELS = (
+    r"\bid(?=\s*(?:number|no\b|nr\b|card|#|:))|\bmy id\b|identity|identit[ée]|identidad|identit[àa]|ausweis\w*"
+    r"|passport|reisepass|passeport|pasaporte|passaporto|paspoort|paszport|passnummer"
+    r"|身份证|身份證|身分證|证件|證件|护照|護照|マイナンバー|個人番号|パスポート|주민등록|주민|여권"
+    r"|aadhaa?r|\bcpf\b|\bdni\b|\bnie\b|\bssn\b|social security|\bbsn\b|pesel|personnummer|henkilötunnus|\bnhs\b"
+    r"|national insurance|steuer-?id|codice fiscale|\bnir\b|\bahv\b|registre national|rijksregister"
+)
+_LABELLED_NUMBER = re.compile(
+    rf"(?:(?P<phone>{_PHONE_LABELS})|(?P<id>{_ID_LABELS}))"
+    r"[^\S\n]{0,3}(?:numbers?|no\.?|nr\.?|n[º°o]\.?|num[ée]ro|n[úu]mero|nummer|numer|numero|number|號碼|号码|号|號|番号"
+    r"|字號|번호)?"
+    r"[^\S\n]{0,3}(?:is|was|ist|war|est|était|es|era|é|è|jest|är|on|は|是|为|為|는|은|이|가)?"
+    r"[^\S\n]{0,3}(?:le|la|el|il|o|a|der|die)?[^\S\n]{0,3}[:：#=]?[^\S\n]{0,3}"  # "est le 06 …", "é o 11 …"
+    r"(?P<num>(?P<letters>[A-Z]{1,2}(?=[0-9]))?\+?\(?[0-9](?:[0-9]|[ ().\-/](?=[0-9(]))*[0-9](?:[Xx](?![A-Za-z0-9]))?)",
+    re.IGNORECASE,
+)
+LABELLED_MIN_DIGITS = 6  # an ID this short (a Spanish NIE's digits, a passport's) still has a label in front
+_LABELLED_DIGITS = {"phone": (7, 15), "id": (6, 20)}  # what a phone number (E.164) or an ID can plausibly be
+
+
+def _labelled_numbers(view: str, text: str) -> list[Finding]:
+    """Numbers of plausible length right after a phone or ID label, in `view` (already-found spans masked)."""
+    found = []
+    for m in _LABELLED_NUMBER.finditer(view):
+        kind = "phone" if m.group("phone") else "id"
+        lo, hi = _LABELLED_DIGITS[kind]
+        if not lo <= _digit_count(m.group("num")) <= hi or _is_reference(text, m.start()) or (
+                kind == "phone" and m.group("letters")):  # a letter-led number is a passport's or an ID card's
+            continue
+        if kind == "phone":
+            found.append(Finding(m.start("num"), m.end("num"), "labelled_phone", "[PHONE]", None))
+        else:
+            found.append(Finding(m.start("num"), m.end("num"), "labelled_id", "[NATIONAL_ID]", None))
+    return found
 
 
 def _compile_phone_patterns(regions: Iterable[str]) -> None:

@@ -10,8 +10,13 @@ One JSON object per line:
   planted: {"id", "lang", "text", "decoy": false, "secrets": [{"kind", "type", "region", "format", "value"}]}
     kind: phone | national_id | iban | card | email | api_key | token; `value` appears verbatim in `text`.
   decoy:   {"id", "lang", "text", "decoy": true, "decoy_type", "secrets": [], "keep": [strings that must survive]}
-    secret-looking non-secrets: near-miss IDs/cards/IBANs (one digit changed), years, dates, prices,
-    order/reference numbers, quantities.
+    secret-looking non-secrets: years, dates, prices, order/reference numbers, quantities, and phone or ID words
+    next to numbers that are not theirs.
+
+Two classes fail closed since they leaked from a real access log: a number its writer names as an ID or a phone
+number is planted even when it fails its check (near-miss IDs, cards and IBANs with one digit changed, format
+`labelled_invalid`; phone numbers in ranges libphonenumber deems unassigned, `labelled_unassigned`), and Chinese
+resident IDs whose region code python-stdnum's table lacks, so its validator raises (`validator_error`).
 """
 from __future__ import annotations
 
@@ -525,7 +530,56 @@ def build(seed: int = SEED) -> list[dict]:
         add(lang, t.format(v=wide), [{"kind": "phone", "type": "phone", "region": region, "format": "fullwidth", "value": wide}])
 
     out.extend(build_decoys(rng, start=len(out)))
+    # Fail closed. Checksum-valid Chinese resident IDs whose region code python-stdnum's table lacks (its
+    # validator raises KeyError), and numbers labelled as phone numbers in ranges libphonenumber deems unassigned.
+    for t in ("我的身份证号是{v}", "身份证：{v}，请帮我填表。", "My Chinese ID is {v}, can you check the form?"):
+        v = gen_ric_missing_region(rng)
+        add("zh" if "身份" in t else "en", t.format(v=v), [{"kind": "national_id", "type": "cn_ric", "region": "CN",
+                                                         "format": "validator_error", "value": v}])
+    for region, lang, t in UNASSIGNED_PHONE_T:
+        v = gen_unassigned_phone(region, rng)
+        add(lang, t.format(v=v), [{"kind": "phone", "type": "phone", "region": region, "format": "labelled_unassigned",
+                                   "value": v}])
     return out
+
+
+UNASSIGNED_PHONE_T = [  # (region, language, template): a word naming a phone number right before it
+    ("CN", "zh", "我的手机号是{v}，有事打给我。"),
+    ("CN", "zh", "我的电话号码：{v}"),
+    ("US", "en", "My phone number is {v}, text me when you land."),
+    ("DE", "de", "Meine Handynummer ist {v}, ruf einfach an."),
+    ("JP", "ja", "私の電話番号は{v}です。"),
+    ("KR", "ko", "제 전화번호는 {v}입니다."),
+    ("FR", "fr", "Mon numéro de téléphone est le {v}."),
+    ("BR", "pt", "Meu celular é {v}, me chama no WhatsApp."),
+]
+
+
+def gen_unassigned_phone(region: str, rng: random.Random) -> str:
+    """A national-format digit string of the region's usual length that libphonenumber says is not a valid number."""
+    example = phonenumbers.format_number(phonenumbers.example_number_for_type(region, PhoneNumberType.MOBILE),
+                                         PhoneNumberFormat.NATIONAL)
+    digits = [c for c in example if c.isdigit()]
+    for _ in range(10_000):
+        lead = "0" if digits[0] == "0" else ""
+        v = lead + _digits(rng, len(digits) - len(lead))
+        if not phonenumbers.is_valid_number(phonenumbers.parse(v, region)):
+            return v
+    raise RuntimeError(f"no unassigned {region} number after 10,000 draws")
+
+
+def gen_ric_missing_region(rng: random.Random) -> str:
+    """A checksum-valid 18-character resident ID whose region code makes python-stdnum's validator raise."""
+    for _ in range(100_000):
+        code = f"{rng.randint(11, 65):02d}{rng.randint(0, 99):02d}{rng.randint(0, 99):02d}"
+        y, m, d = _date(rng)
+        body = f"{code}{y:04d}{m:02d}{d:02d}{_digits(rng, 3)}"
+        v = body + cn_ric.calc_check_digit(body)
+        try:
+            cn_ric.is_valid(v)
+        except KeyError:
+            return v
+    raise RuntimeError("no resident ID with a region code missing from python-stdnum's table")
 
 
 NEAR_MISS = [  # (kind, template language, template, is_valid) — a valid value with one digit changed
@@ -568,6 +622,11 @@ def build_decoys(rng: random.Random, start: int) -> list[dict]:
         out.append({"id": f"d{len(out) + 1:03d}", "lang": lang, "text": text, "decoy": True, "decoy_type": decoy_type,
                     "secrets": [], "keep": keep})
 
+    def labelled_invalid(kind: str, type_: str, region: str | None, lang: str, text: str, v: str) -> None:
+        # fails its check, but its writer names it: replaced (fail closed), so planted, not a decoy
+        out.append({"id": f"n{len(out) + 1:03d}", "lang": lang, "text": text, "decoy": False, "secrets": [
+            {"kind": kind, "type": type_, "region": region, "format": "labelled_invalid", "value": v}]})
+
     for decoy_type, lang, text, keep in DECOY_PLAIN:
         add(decoy_type, lang, text, keep)
     for kind, lang, t, valid in NEAR_MISS:
@@ -575,14 +634,38 @@ def build_decoys(rng: random.Random, start: int) -> list[dict]:
             v = f"9{_digits(rng, 2)}-{rng.randint(10, 99)}-{rng.randint(1000, 9999)}"
         else:
             v = _change_one_digit(rng, gen_id(kind, rng, 0), valid)
-        add("near_miss_" + kind, lang, t.format(v=v), [v])
+        if kind in UNNAMED_NEAR_MISS:  # no word names it: a near miss without a label keeps its digits
+            add("near_miss_" + kind, lang, t.format(v=v), [v])
+        else:
+            labelled_invalid("national_id", kind, NEAR_MISS_REGION[kind], lang, t.format(v=v), v)
     for i in range(5):
         v = _change_one_digit(rng, gen_card(rng, i), luhn.is_valid)
-        add("near_miss_card", "en", f"The card number {v} in the tutorial is fake, right?", [v])
+        labelled_invalid("card", "card", None, "en", f"The card number {v} in the tutorial is fake, right?", v)
     for country in ("DE", "FR", "NL", "GB"):
         v = _change_one_digit(rng, iban.format(gen_iban(country, rng)), iban.is_valid)
-        add("near_miss_iban", "en", f"Is {v} from the sample invoice a valid IBAN?", [v])
+        labelled_invalid("iban", "iban", country, "en", f"Is {v} from the sample invoice a valid IBAN?", v)
+    for decoy_type, lang, text, keep in DECOY_LABEL_WORDS:
+        add(decoy_type, lang, text, keep)
     return out
+
+
+UNNAMED_NEAR_MISS = {"fr_nir", "it_cf"}  # their templates say "le numéro", "il codice": no ID named
+NEAR_MISS_REGION = {"ssn": "US", "de_idnr": "DE", "fr_nir": "FR", "es_dni": "ES", "it_cf": "IT", "nl_bsn": "NL",
+                    "pl_pesel": "PL", "cn_ric": "CN", "jp_my_number": "JP", "kr_rrn": "KR", "tw_id": "TW",
+                    "in_aadhaar": "IN", "br_cpf": "BR", "be_nn": "BE", "ch_ssn": "CH", "gb_nhs": "GB",
+                    "se_personnummer": "SE"}
+DECOY_LABEL_WORDS = [  # a phone or ID word next to numbers that are not a phone number or an ID
+    ("label_word", "en", "My phone has 256 GB of storage and a 5000 mAh battery.", ["256", "5000"]),
+    ("label_word", "zh", "我的手机用了3年，电池容量是4500毫安。", ["4500"]),
+    ("label_word", "en", "The passport photo must be 35 x 45 mm and the fee is 130 dollars.", ["35", "45", "130"]),
+    ("label_word", "de", "Mein Handyvertrag kostet 19,99 Euro im Monat.", ["19,99"]),
+    ("label_word", "en", "Which ID card readers support ISO 14443 and ISO 7816?", ["14443", "7816"]),
+    ("label_word", "ja", "携帯の料金は月3980円です。", ["3980"]),
+    ("label_word", "en", "Phone sales reached 1,200,000,000 units in 2023.", ["1,200,000,000", "2023"]),
+    ("label_word", "ko", "휴대폰 판매량이 2024년에 12억 대를 넘었다.", ["2024"]),
+    ("label_word", "en", "The order ID: 48213907 was placed from my phone.", ["48213907"]),
+    ("label_word", "fr", "Mon téléphone affiche 2026-12-05 comme date de mise à jour.", ["2026-12-05"]),
+]
 
 
 def main() -> None:
