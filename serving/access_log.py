@@ -12,7 +12,9 @@ naming each one): the same disk the log used before segments existed, however ma
 `backups=0` keeps no segment (nothing is shipped).
 
 Each line is one write, flushed on its own: the log doubles as a record of what the deployed model was asked and
-said, and a crash must lose at most the line being written. Blue and green servers of one device share the file:
+said, and a crash must lose at most the line being written. A write the disk refuses (full, over quota) leaves no
+half line behind: the file is cut back to where the line began, and `write` raises OSError for the caller to count
+(serving/state.py: the request is served all the same; a metric and an alert say records are being lost). Blue and green servers of one device share the file:
 every write and rotation holds an exclusive lock on `.access.lock`, and a writer whose open file was rotated
 away by the other process reopens `access.jsonl` before writing, so no line lands in a segment after it was cut.
 """
@@ -88,8 +90,7 @@ class AccessLog:
                     size = 0
                 if size == 0:
                     self._born = _record_time(record) or self._clock()
-                self._file.write(data)
-                self._file.flush()
+                self._append(data, size)
 
     def rotate(self) -> Path | None:
         """Cut the active file into a segment now (if it holds a line); returns the segment."""
@@ -122,8 +123,23 @@ class AccessLog:
     def _due(self, now: float) -> bool:
         return self.rotate_s > 0 and self._born is not None and now - self._born >= self.rotate_s
 
+    def _append(self, data: bytes, size: int) -> None:
+        """Write `data` at the end, whole or not at all: on a refused write the file is cut back to `size`."""
+        fd, done = self._file.fileno(), 0
+        try:
+            while done < len(data):
+                done += os.write(fd, data[done:])
+        except OSError:
+            if done:
+                try:
+                    os.ftruncate(fd, size)  # needs no free space: no half line for the shipper to choke on
+                except OSError:
+                    log.exception("access log: could not cut the half-written line off %s", self.path)
+            raise
+
     def _open(self) -> None:
-        self._file = open(self.path, "ab")  # binary: the size check counts bytes, not characters
+        # binary (the size check counts bytes, not characters) and unbuffered: each line is one os.write
+        self._file = open(self.path, "ab", buffering=0)
         st = os.fstat(self._file.fileno())
         self._born = (first_line_time(self.path) or st.st_mtime) if st.st_size else None
 

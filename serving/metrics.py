@@ -58,6 +58,16 @@ class Metrics:
         self.feedback = Counter(
             "edgeflow_feedback", "Feedback sent from the chat page, by kind.", ["kind"], registry=r
         )
+        self.access_log_dropped = Counter(
+            "edgeflow_access_log_dropped_records",
+            "Access-log records the disk refused (full or over quota): served, but missing from tonight's logs.",
+            registry=r,
+        )
+        self.access_log_writable = Gauge(
+            "edgeflow_access_log_writable", "1 while the last access-log write succeeded, 0 after a refused one.",
+            registry=r,
+        )
+        self.access_log_writable.set(1)
         self.restarts = Gauge(
             "edgeflow_server_restarts",
             "Times the supervisor restarted this server (watchdog exits and crashes) since the deploy started it.",

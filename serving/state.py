@@ -5,7 +5,9 @@
 """
 from __future__ import annotations
 
+import logging
 import os
+import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +15,8 @@ from serving.access_log import AccessLog
 from serving.admission import Admission
 from serving.metrics import Metrics
 from tasks.pii import scrub_value
+
+log = logging.getLogger("edgeflow.serving")
 
 if TYPE_CHECKING:
     from serving.app import ServerSettings
@@ -28,6 +32,7 @@ class AppState:
     """One app's shared state; its handlers get it passed in (create_app builds one per engine)."""
 
     def __init__(self, runtime: Runtime, settings: ServerSettings) -> None:
+        self._access_log_warned = float("-inf")
         self.runtime = runtime
         self.settings = settings
         self.metrics = Metrics()
@@ -64,7 +69,19 @@ class AppState:
                     for kind, n in hits.items():
                         found[kind] = found.get(kind, 0) + n
             record["pii_scrubbed"] = found
-        self.access_log.write(record)
+        try:
+            self.access_log.write(record)
+        except OSError as e:  # a full disk must not fail the request that was already served
+            self.metrics.access_log_dropped.inc()
+            self.metrics.access_log_writable.set(0)
+            now = time.monotonic()
+            if now - self._access_log_warned > 60:  # once a minute, not once a request
+                self._access_log_warned = now
+                log.error("access log %s: record not written (%s); serving continues, and the records are counted in "
+                          "edgeflow_access_log_dropped_records_total: free space on that disk or ship the log "
+                          "(flows/ship_logs.py)", self.access_log.path, e)
+            return
+        self.metrics.access_log_writable.set(1)
 
     def engine_stalled(self, reason: str) -> None:
         """The watchdog fired: fail the probes and end every open generation with the reason."""

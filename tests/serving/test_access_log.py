@@ -3,7 +3,11 @@ retention budget, shared safely by the blue and green servers of one device."""
 from __future__ import annotations
 
 import json
+import subprocess
 from datetime import datetime, timezone
+
+import httpx
+import pytest
 
 from serving.access_log import AccessLog, identity, mark_shipped, remove_shipped, segments, shipped_marker
 
@@ -110,3 +114,41 @@ def test_backups_zero_keeps_no_segment(tmp_path):
         log.write(_rec(i))
     log.close()
     assert segments(path) == [] and path.stat().st_size <= 1024
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 64 KiB tmpfs: a disk that fills after a few dozen records (root only, as the multi-host tests)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_disk_loses_no_request_leaves_no_half_line_and_is_counted(engine_dir, tiny_disk):
+    """The access-log disk fills mid-traffic: every request is still answered 200, the log holds only whole lines,
+    the refused records are counted (edgeflow_access_log_dropped_records_total, the alert's input) and the log
+    writes again once space is freed."""
+    from tests.live_server import LiveServer
+
+    log = tiny_disk / "access.jsonl"
+    body = {"model": "tiny-edge", "messages": [{"role": "user", "content": "x" * 2000}], "max_tokens": 2}
+    with LiveServer(engine_dir, model_name="tiny-edge", access_log=log, access_log_max_bytes=1 << 20) as s:
+        statuses = [httpx.post(f"{s.url}/v1/chat/completions", json=body, timeout=60).status_code for _ in range(40)]
+        assert statuses == [200] * 40
+        metrics = httpx.get(f"{s.url}/metrics", timeout=10).text
+        dropped = float(next(l.split()[1] for l in metrics.splitlines() if l.startswith("edgeflow_access_log_dropped_records_total ")))
+        assert dropped > 0 and "edgeflow_access_log_writable 0.0" in metrics
+        assert httpx.get(f"{s.url}/health", timeout=30).json()["status"] == "healthy"
+        lines = log.read_bytes().split(b"\n")
+        assert lines[-1] == b"" and all(json.loads(l)["status"] == 200 for l in lines[:-1])  # whole lines only
+        assert len(lines) - 1 + dropped == 40
+        # room again (the shipper took a segment): the next record is written and the gauge says so
+        log.write_bytes(b"")
+        assert httpx.post(f"{s.url}/v1/chat/completions", json=body, timeout=60).status_code == 200
+        assert "edgeflow_access_log_writable 1.0" in httpx.get(f"{s.url}/metrics", timeout=10).text
+        assert len(log.read_bytes().splitlines()) == 1
