@@ -23,7 +23,12 @@ from tasks.runs import ReleaseContext, open_release_run
 @task
 def open_release(profile: str) -> ReleaseContext:
     """Create (or, on a retry of the same flow run, reuse) the MLflow parent run of this release, resolve the
-    profile once and publish every file it names to that run, so stages on other hosts read them from the store."""
+    profile once and publish every file it names to that run, so stages on other hosts read them from the store.
+    Another release or nightly of the same model that is already running refuses this one first (tasks/locks.py)."""
+    from tasks.locks import model_of, refuse_if_running
+
+    refuse_if_running("release", ["release", "nightly-recalibration"], model_of({"profile": profile}), model_of,
+                      flow_run.get_id())
     return open_release_run(profile, flow_run.get_id())
 
 

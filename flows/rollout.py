@@ -156,6 +156,10 @@ def plan(profile: str, version: str | None, alias: str, flow_run_id: str) -> dic
               ", ".join(f"{w.index} {w.devices} {w.status}" for w in found.waves))
         return found.model_dump()
     p = load_profile(profile)
+    from tasks.locks import pool_of, refuse_if_running
+
+    # one rollout per fleet: a second one would switch the same devices back and forth
+    refuse_if_running("rollout", ["rollout"], p.rollout.pool, pool_of, None if flow_run_id == "local" else flow_run_id)
     c = client()
     name = p.registry.model_name
     version = version or alias_version(c, name, alias)

@@ -836,3 +836,55 @@ def test_promotion_is_checked_and_rollback_serves_the_previous_version(services)
     r = httpx.post(f"http://127.0.0.1:{profile.deploy.port}/v1/chat/completions", timeout=60, json={
         "model": name, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4})
     assert r.status_code == 200 and r.json()["system_fingerprint"] == first  # the device serves the rolled-back version
+
+
+def test_a_second_release_or_rollout_of_the_same_model_or_fleet_is_refused_naming_the_first(services):
+    """tasks/locks.py against the real Prefect server: two release runs of test-tiny's model and two rollouts of its
+    pool are active; the one that started later is refused, naming the first; the first, or a run for another model,
+    goes on. The runs are made through the API (no worker picks them up) and cancelled at the end."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled, Running
+
+    from flows.release import release
+    from flows.rollout import rollout
+    from tasks.locks import RunInProgress, model_of, pool_of, refuse_if_running
+
+    profile = "configs/test-tiny.yaml"
+    made = []
+
+    async def make(flow, name: str):
+        async with get_client() as client:
+            fr = await client.create_flow_run(flow, name=name, parameters={"profile": profile})
+            await client.set_flow_run_state(fr.id, Running(), force=True)
+            made.append(fr.id)
+            return str(fr.id)
+
+    async def cancel_all():
+        async with get_client() as client:
+            for fid in made:
+                await client.set_flow_run_state(fid, Cancelled(), force=True)
+
+    try:
+        first = asyncio.run(make(release, "first-release"))
+        time.sleep(1.1)  # ordered by start time (then id)
+        second = asyncio.run(make(release, "second-release"))
+        model = model_of({"profile": profile})
+        refuse_if_running("release", ["release", "nightly-recalibration"], model, model_of, first)  # the first goes on
+        with pytest.raises(RunInProgress) as e:
+            refuse_if_running("release", ["release", "nightly-recalibration"], model, model_of, second)
+        msg = str(e.value)
+        assert "'first-release'" in msg and first in msg and model in msg and f"prefect flow-run cancel {first}" in msg
+        refuse_if_running("release", ["release"], "another-model", model_of, second)  # another model: not held
+
+        one = asyncio.run(make(rollout, "first-rollout"))
+        time.sleep(1.1)
+        two = asyncio.run(make(rollout, "second-rollout"))
+        with pytest.raises(RunInProgress, match="'first-rollout'"):
+            refuse_if_running("rollout", ["rollout"], pool_of({"profile": profile}), pool_of, two)
+        refuse_if_running("rollout", ["rollout"], pool_of({"profile": profile}), pool_of, one)
+    finally:
+        asyncio.run(cancel_all())
+    # once cancelled, nothing holds the lock any more
+    refuse_if_running("release", ["release", "nightly-recalibration"], model, model_of, second)
