@@ -8,8 +8,10 @@ recorded by record_deployment in the MLflow experiment `edgeflow-deployments`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -30,8 +32,6 @@ def fetch_version(profile: Profile, alias: str, version: str | None = None) -> t
     registry (or a re-created one whose numbering restarted) never mistakes an old `v2` for the new one.
     A present but corrupted copy is moved aside (kept for inspection) and downloaded again.
     """
-    import shutil
-
     from tasks.registry import PACKAGE_SHA256_TAG, client, download
 
     name = profile.registry.model_name
@@ -48,10 +48,57 @@ def fetch_version(profile: Profile, alias: str, version: str | None = None) -> t
             dest.rename(aside)
     tmp = dest.with_name(dest.name + ".download")
     shutil.rmtree(tmp, ignore_errors=True)
-    _, local = download(name, alias, tmp, version=mv.version)
+    needed = package_bytes(name, mv.version)
+    require_space(tmp.parent, needed, f"version {mv.version} of {name}")
+    try:
+        _, local = download(name, alias, tmp, version=mv.version)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # no partial package stays behind
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull(tmp.parent, needed, f"version {mv.version} of {name}") from e
+        raise
     local.rename(dest) if local != tmp else tmp.rename(dest)
     verify_manifest(dest, expected)
     return mv.version, dest
+
+
+class DiskFull(OSError):
+    """The device's disk cannot hold a package: nothing was switched, and no partial file was left."""
+
+    def __init__(self, where: Path, needed: int, what: str) -> None:
+        free = shutil.disk_usage(where).free if where.exists() else 0
+        super().__init__(errno.ENOSPC, (
+            f"{where}: {what} needs {needed:,} bytes ({needed / 2**20:.1f} MiB) and the disk has {free:,} free; "
+            f"the serving version is untouched. Free space (old packages under {where} that no alias names can go) "
+            "or point deploy.install_dir at a larger disk, then run the deploy again"))
+
+
+def package_bytes(name: str, version: str) -> int:
+    """Bytes of a registered version's files (MLflow's artifact listing, walked)."""
+    from tasks.registry import client
+
+    c = client()
+    mv = c.get_model_version(name, version)
+    run_id, _, root = mv.source.removeprefix("runs:/").partition("/")  # runs:/<run id>/<path>: tasks/registry.py
+    total, pending = 0, [root]
+    while pending:
+        for f in c.list_artifacts(run_id, pending.pop()):
+            if f.is_dir:
+                pending.append(f.path)
+            else:
+                total += f.file_size or 0
+    return total
+
+
+# Room kept free beside a package: its unpacking, logs and the engine a device may build from it.
+SPACE_MARGIN = 1.10
+
+
+def require_space(where: Path, needed: int, what: str) -> None:
+    """Refuse before downloading when the disk under `where` cannot hold `needed` bytes (plus SPACE_MARGIN)."""
+    where.mkdir(parents=True, exist_ok=True)
+    if shutil.disk_usage(where).free < needed * SPACE_MARGIN:
+        raise DiskFull(where, int(needed * SPACE_MARGIN), what)
 
 
 def engine_for_device(profile: Profile, package: Path) -> tuple[Path, str]:

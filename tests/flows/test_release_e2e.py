@@ -216,8 +216,9 @@ def test_release_deployment_registers_stages_and_serves(services, tmp_path):
     text = "".join((chunk.choices[0].delta.content or "") for chunk in stream if chunk.choices)
     assert text  # a 3-step student may answer in whitespace; the stream must still carry content
 
-    # the Prometheus that `services.py up` started scrapes the deployed server and its deep probe passes, and
-    # Alertmanager, which it sends to, holds no alert about it
+    # the Prometheus that `services.py up` started scrapes the deployed server and its deep probe passes; before the
+    # deploy nothing answered on the stable port, and the shipped rules and routes paged about it (for: 1m), through
+    # Alertmanager to the recorder, with the shipped timings
     if services.get("EDGEFLOW_MONITORING_UP"):
         prom, seen = "http://127.0.0.1:9390", {}
         deadline = time.monotonic() + 60
@@ -230,7 +231,10 @@ def test_release_deployment_registers_stages_and_serves(services, tmp_path):
             time.sleep(2)
         assert seen["up"] and seen["up"][0]["value"][1] == "1" and seen["probe"][0]["value"][1] == "1", seen
         assert seen["up"][0]["metric"]["device"] == "127.0.0.1"
-        assert httpx.get("http://127.0.0.1:9393/api/v2/alerts", params={"active": "true"}, timeout=5).json() == []
+        pages = [json.loads(line) for line in (Path(services["EDGEFLOW_HOME"]) / "logs" / "alerts.jsonl").read_text().splitlines()]
+        assert any(n["receiver"] == "edgeflow-page" and n["status"] == "firing" and
+                   any(a["labels"]["alertname"] == "EdgeflowTargetDown" and a["labels"]["device"] == "127.0.0.1"
+                       for a in n["alerts"]) for n in pages), pages
 
 
 class SteadyLoad:
@@ -888,3 +892,30 @@ def test_a_second_release_or_rollout_of_the_same_model_or_fleet_is_refused_namin
         asyncio.run(cancel_all())
     # once cancelled, nothing holds the lock any more
     refuse_if_running("release", ["release", "nightly-recalibration"], model, model_of, second)
+
+
+@pytest.mark.parametrize("limit", ["size=96k", "size=64m,nr_inodes=6"], ids=["too-small", "fills-mid-fetch"])
+def test_a_full_device_disk_fails_the_fetch_naming_the_bytes_and_the_serving_version_stays(services, tmp_path, limit):
+    """deploy-edge's fetch on a disk that cannot hold the package: refused before downloading (too small), or cut
+    off mid-download (the disk runs out of inodes after a few files): DiskFull names the path and the bytes needed,
+    no partial file stays, and the version the device serves keeps answering."""
+    from tasks.config import load_profile
+    from tasks.deploy import DiskFull, fetch_version
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", limit, "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    try:
+        base = load_profile(REPO / "configs" / "test-tiny.yaml")
+        p = base.model_copy(update={"deploy": base.deploy.model_copy(update={"install_dir": str(disk)})})
+        with pytest.raises(DiskFull) as e:
+            fetch_version(p, "staging")
+        msg = str(e.value)
+        assert str(disk / "versions") in msg and "needs" in msg and "bytes" in msg and "deploy.install_dir" in msg, msg
+        assert not [f for f in (disk / "versions").rglob("*") if f.is_file()]  # nothing partial left
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+    r = httpx.post(f"http://127.0.0.1:{base.deploy.port}/v1/chat/completions", timeout=60, json={
+        "model": base.registry.model_name, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4})
+    assert r.status_code == 200, r.text
