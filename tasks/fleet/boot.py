@@ -9,6 +9,11 @@ package's files against its manifest, starts the proxy unless one answers, start
 recorded side port under serving/supervisor.py, waits for a healthy deep probe, points the proxy at it, sends one
 smoke chat through the stable port and records the new server's pid in state.json.
 
+A power cut between a deploy's blue/green switch and its state write leaves the proxy's own state (proxy.json)
+pointing at the candidate's port while state.json still names the old version, which is also the one the registry's
+deployment record names (deploy-edge records a deployment only after the state write). Boot serves state.json's
+version, points the proxy back at it, says so, and records it in state.json (`last_boot`).
+
 The device's deploy settings are the profile's `deploy` block overridden by the device config
 (tasks/fleet/device.py: $EDGEFLOW_DEVICE_CONFIG, else $EDGEFLOW_HOME/device.yaml); without a device config, the
 profile's block as written.
@@ -161,6 +166,10 @@ def boot(profile: Profile, wait_proxy_s: float = 0) -> str:
     removed = forget_stale_pidfiles(profile)
     if removed:
         print(f"removed stale pid files: {', '.join(removed)}")
+    interrupted = interrupted_switch(profile, port)
+    if interrupted is not None:  # the power went between a deploy's switch and its state write
+        print(f"an interrupted switch: the proxy last pointed at port {interrupted}, but state.json records version "
+              f"{version} on port {port}; serving version {version} (the version the registry's deployment record names)")
     try:
         ensure_proxy(profile)
     except ValueError as e:  # check_exposure: a public bind without a key
@@ -180,8 +189,25 @@ def boot(profile: Profile, wait_proxy_s: float = 0) -> str:
         raise BootError(f"version {version} did not come back on port {port}: {e}; see {log}", EXIT_FAILED) from None
     state = read_state(profile)  # as written by the deploy; only the pid changed
     state["current"] = state["current"] | {"pid": pid}
+    state["last_boot"] = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "version": version, "port": port,
+                          "interrupted_switch_port": interrupted}
     write_state(profile, state)
-    return f"started version {version} on port {port} (pid {pid}), behind {public_url(profile)}"
+    return (f"started version {version} on port {port} (pid {pid}), behind {public_url(profile)}"
+            + (f"; the switch to port {interrupted} that a power cut interrupted was undone" if interrupted else ""))
+
+
+def interrupted_switch(profile: Profile, port: int) -> int | None:
+    """The side port the proxy's own state (proxy.json) points at when it is not state.json's: a deploy switched
+    the proxy and did not live to write state.json. None when they agree (or the proxy never ran)."""
+    import json
+
+    from tasks.deploy import device_dir
+
+    try:
+        upstream = json.loads((device_dir(profile) / "proxy.json").read_text()).get("upstream")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return int(upstream) if upstream is not None and int(upstream) != port else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -226,3 +226,34 @@ def test_a_device_never_deployed_to_has_nothing_to_serve_and_exits_0(tmp_path, m
     assert r.returncode == 0, r.stderr + r.stdout
     assert "nothing to serve yet" in r.stdout and str(tmp_path / "device" / "state.json") in r.stdout
     assert not (tmp_path / "work" / "run").exists()  # no proxy, no server was started
+
+
+def test_a_power_cut_between_the_switch_and_its_state_write_boots_the_recorded_version(device: Device) -> None:
+    """Version 2 is started and health-gated, the proxy is switched to it (proxy.json says so), and every process dies
+    before state.json is written. Boot serves version 1 again, the version state.json names (and the registry's
+    deployment record, written after the state), points the proxy back at it and records the undone switch."""
+    from tasks.deploy import point_proxy, start_candidate
+
+    before = device.state()["current"]
+    engine = Path(before["engine"])
+    candidate = start_candidate(device.profile, engine, "2", device.package)
+    assert candidate["port"] != before["port"]
+    point_proxy(device.profile, candidate["port"])  # the switch ...
+    assert httpx.get(f"{device.stable}/health", timeout=60).json()["engine"]["engine_version"] == "2"
+    _kill_tree(device.run)  # ... and the power cut, before switch_to's write_state
+    assert device.state()["current"] == before
+
+    r = _boot(device.profile_path)
+
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert f"an interrupted switch: the proxy last pointed at port {candidate['port']}" in r.stdout
+    assert f"started version {VERSION} on port {before['port']}" in r.stdout and "was undone" in r.stdout
+    state = device.state()
+    assert state["current"]["version"] == VERSION and state["current"]["port"] == before["port"]
+    assert state["last_boot"]["interrupted_switch_port"] == candidate["port"]
+    assert httpx.get(f"{device.stable}/_edgeflow/proxy", timeout=5).json()["upstream"] == before["port"]
+    chat = httpx.post(f"{device.stable}/v1/chat/completions", timeout=120, json={
+        "model": device.profile.registry.model_name, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4})
+    assert chat.status_code == 200 and chat.json()["system_fingerprint"] == VERSION
+    with pytest.raises(httpx.TransportError):  # nothing left of the half-switched candidate
+        httpx.get(f"http://127.0.0.1:{candidate['port']}/health", timeout=5)
