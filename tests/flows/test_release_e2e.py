@@ -46,11 +46,9 @@ def clear_stale_servers(*ports: str) -> None:
         psutil.wait_procs([proc], timeout=10)
 
 
-@pytest.fixture(scope="module")
-def services(tmp_path_factory, teacher_dir):
-    """Real Prefect server + process workers for a100/orin/cpu + MLflow server, on test ports."""
-    home = REPO / ".edgeflow" / "test-services"
-    env = {
+def services_env(home: Path) -> dict[str, str]:
+    """What `scripts/services.py up` is run with for this module (the fixture, and the tests that restart a server)."""
+    return {
         "EDGEFLOW_HOME": str(home),
         "EDGEFLOW_PREFECT_PORT": os.environ.get("EDGEFLOW_TEST_PREFECT_PORT", "4310"),
         "EDGEFLOW_MLFLOW_PORT": os.environ.get("EDGEFLOW_TEST_MLFLOW_PORT", "5065"),
@@ -59,6 +57,13 @@ def services(tmp_path_factory, teacher_dir):
         "EDGEFLOW_PROMETHEUS_PORT": "9390", "EDGEFLOW_ALERTMANAGER_PORT": "9393", "EDGEFLOW_BLACKBOX_PORT": "9315",
         "EDGEFLOW_ALERT_SINK_PORT": "9395", "EDGEFLOW_MONITOR_TARGETS": "127.0.0.1:8765",
     }
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory, teacher_dir):
+    """Real Prefect server + process workers for a100/orin/cpu + MLflow server, on test ports."""
+    home = REPO / ".edgeflow" / "test-services"
+    env = services_env(home)
     # a fresh store per session: assertions count versions and aliases
     subprocess.run([sys.executable, "scripts/services.py", "down"], cwd=REPO, env=os.environ | env, check=False)
     clear_stale_servers(env["EDGEFLOW_PREFECT_PORT"], env["EDGEFLOW_MLFLOW_PORT"])
@@ -919,3 +924,100 @@ def test_a_full_device_disk_fails_the_fetch_naming_the_bytes_and_the_serving_ver
     r = httpx.post(f"http://127.0.0.1:{base.deploy.port}/v1/chat/completions", timeout=60, json={
         "model": base.registry.model_name, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4})
     assert r.status_code == 200, r.text
+
+
+def test_the_tracking_and_prefect_servers_killed_mid_release_lose_nothing(services, tmp_path):
+    """kill -9 the MLflow server while a quantization stage logs to it, and the Prefect server while the consistency
+    gate runs; start each again 8 s later (`services.py up`). The release completes (its clients retry with backoff;
+    if it failed, a Retry of the same run must complete), no MLflow run of it is left RUNNING, nothing cached is
+    recomputed, and each passing variant is registered once."""
+    import asyncio
+    import signal as sig
+
+    import yaml
+    from mlflow import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.states import AwaitingRetry
+
+    from tasks.processes import read_pid
+
+    recipe = tmp_path / "gptq.yaml"  # a new GPTQ variant: its quantization and everything after it run
+    recipe.write_text((REPO / "deployments" / "recipes" / "gptq-w4a16-sym.yaml").read_text()
+                      .replace("dampening_frac: 0.01", "dampening_frac: 0.03"))
+    data = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
+    data["quantize"]["variants"][1]["recipe"] = str(recipe)
+    path = tmp_path / "killed.yaml"
+    path.write_text(yaml.safe_dump(data))
+    home = Path(services["EDGEFLOW_HOME"])
+    c = MlflowClient(services["MLFLOW_TRACKING_URI"])
+    before = _stage_runs(c)
+
+    def restart(server: str) -> float:
+        pid = read_pid(home / "run" / f"{server}.pid")
+        os.killpg(pid, sig.SIGKILL)
+        t0 = time.monotonic()
+        time.sleep(8)
+        subprocess.run([sys.executable, "scripts/services.py", "up"], cwd=REPO, env=os.environ | services_env(home),
+                       check=True, capture_output=True)
+        return time.monotonic() - t0
+
+    def running_stage(prefix: str, fr_id: str, timeout: float = 900):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            exp = c.get_experiment_by_name("edgeflow-release")
+            parent = c.search_runs([exp.experiment_id], f"tags.`edgeflow.prefect_flow_run_id` = '{fr_id}'")
+            if parent:
+                kids = c.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent[0].info.run_id}'")
+                hit = [r for r in kids if r.data.tags.get("edgeflow.stage", "").startswith(prefix) and r.info.status == "RUNNING"]
+                if hit:
+                    return parent[0], hit[0]
+            time.sleep(1)
+        raise AssertionError(f"no RUNNING {prefix} stage run within {timeout:.0f} s")
+
+    async def state_of(fr_id):
+        async with get_client() as client:
+            return (await client.read_flow_run(fr_id)).state
+
+    def finished(fr_id, timeout: float = 1500):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                st = asyncio.run(state_of(fr_id))
+                if st.is_final():
+                    return st
+            except Exception:  # noqa: BLE001 - the server may still be coming back
+                pass
+            time.sleep(2)
+        raise AssertionError(f"flow run {fr_id} did not finish within {timeout:.0f} s")
+
+    fr = run_deployment("release/release", parameters={"profile": str(path), "deploy": "none"}, timeout=0)
+    parent, quantizing = running_stage("quantize-gptq", str(fr.id))
+    down_mlflow = restart("mlflow-server")
+    running_stage("consistency", str(fr.id))
+    down_prefect = restart("prefect-server")
+    state = finished(fr.id)
+    retried = False
+    if not state.is_completed():  # the outage failed it: a Retry of the same run must complete what is left
+        retried = True
+
+        async def retry():
+            async with get_client() as client:
+                await client.set_flow_run_state(fr.id, AwaitingRetry(message="Retry after the servers came back"), force=True)
+
+        asyncio.run(retry())
+        state = finished(fr.id)
+    assert state.is_completed(), (state.type, state.message, down_mlflow, down_prefect)
+    print(f"servers down {down_mlflow:.0f} s (MLflow) and {down_prefect:.0f} s (Prefect); a Retry was needed: {retried}")
+
+    exp = c.get_experiment_by_name("edgeflow-release")
+    runs = c.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'") + [c.get_run(parent.info.run_id)]
+    assert not [r.data.tags.get("edgeflow.stage") for r in runs if r.info.status == "RUNNING"]  # no orphan
+    assert c.get_run(quantizing.info.run_id).info.status in ("FINISHED", "KILLED")
+    after = _stage_runs(c)
+    changed = {s: after[s] - before.get(s, 0) for s in after if after[s] != before.get(s, 0)}
+    assert set(changed) <= {"quantize-gptq-w4a16", "build-engine-gptq-w4a16", "gate-reference", "consistency", "register"}, changed
+    release_id = parent.data.tags["edgeflow.release_id"]
+    name = data["registry"]["model_name"]
+    versions = [v for v in c.search_model_versions(f"name = '{name}'") if v.tags.get("edgeflow.release_id") == release_id]
+    variants = [v.tags["edgeflow.variant"] for v in versions]
+    assert variants and len(variants) == len(set(variants)), variants  # each passing variant once
