@@ -649,6 +649,16 @@ class RolloutConfig(_Strict):
         return self
 
 
+class MonitoringConfig(_Strict):
+    """Where the fleet's alerts go (`scripts/services.py up` runs this config; tasks/monitoring.py)."""
+
+    alertmanager_config: str = Field(
+        default="infra/alertmanager/alertmanager.yml",
+        description="Alertmanager config routing the alerts of infra/prometheus/alerts.yml to people; checked when the "
+        "profile loads (it parses, every route names a defined receiver) and by amtool when the services start.",
+    )
+
+
 class Profile(_Strict):
     name: str = Field(description="Profile name, recorded on every run.")
     workdir: str = Field(default=".edgeflow", description="Where artifacts, caches and services' data live.")
@@ -665,6 +675,7 @@ class Profile(_Strict):
         default_factory=PlacementConfig, description="Which pool each release stage runs on (inline: the release's own host).",
     )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Staged rollout over the device fleet.")
+    monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig, description="Where the fleet's alerts go.")
 
     def settings(self) -> dict:
         """What a release hands its stages (ReleaseContext.settings): the fields as written, JSON-safe, so that
@@ -703,6 +714,17 @@ class Profile(_Strict):
             raise ValueError(
                 f"quantize.variants and quantize.fallback_variants names must be unique and not 'fp32' (the reference row): {names}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _alert_routes(self, info: ValidationInfo):
+        """The alerts' routes parse and reach a receiver (tasks/monitoring.py check_routes; skipped where a release's
+        resolved profile is validated again: a stage host never reads them)."""
+        if (info.context or {}).get("resolved"):
+            return self
+        from tasks.monitoring import check_routes
+
+        check_routes(self.resolve(self.monitoring.alertmanager_config))
         return self
 
     @model_validator(mode="after")

@@ -171,3 +171,22 @@ def test_a_variant_is_a_recipe_or_a_checkpoint_quantized_elsewhere(tmp_path):
     with pytest.raises(ValidationError, match=r"files named by the profile do not exist .*prequantized=/nowhere"):
         load_profile(_profile(tmp_path, lambda d: d["quantize"]["variants"].append(
             {"name": "gone", "prequantized": "/nowhere"})))
+
+
+@pytest.mark.parametrize("edit, names", [
+    (("receiver: edgeflow-ticket", "receiver: edgeflow-tickets"), ("route receiver 'edgeflow-tickets'", "add a receiver")),
+    (("  group_wait: 30s", "  group_wait: 30s\n x: ["), ("does not parse as YAML", "correct the YAML")),
+], ids=["undefined-receiver", "broken-yaml"])
+def test_an_alertmanager_config_that_routes_nowhere_fails_the_profile_load_with_file_line_and_fix(tmp_path, edit, names):
+    am = tmp_path / "alertmanager.yml"
+    text = (REPO_ROOT / "infra" / "alertmanager" / "alertmanager.yml").read_text().replace(*edit, 1)
+    am.write_text(text)
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if edit[1].splitlines()[-1] in t)
+    data = yaml.safe_load((REPO_ROOT / "configs" / "test-tiny.yaml").read_text()) | {"monitoring": {"alertmanager_config": str(am)}}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValidationError) as e:
+        load_profile(path)
+    msg = str(e.value)
+    assert f"{am}:" in msg and all(n in msg for n in names), msg
+    assert f"{am}:{line}:" in msg or f"{am}:{line + 1}:" in msg, msg  # the edited line (YAML's parser: where it noticed)
