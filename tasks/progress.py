@@ -147,6 +147,17 @@ def follow(flow_run_id: UUID | str, poll_s: float = 1.0, out: Any = None) -> Any
             time.sleep(poll_s)
 
 
-if __name__ == "__main__":
-    run = follow(sys.argv[1])
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m tasks.progress", description=__doc__.split("\n")[0])
+    ap.add_argument("flow_run_id", type=UUID, help="the flow run to follow (the Prefect UI's run page shows its id)")
+    ap.add_argument("--poll-s", type=float, default=1.0, help="seconds between reads of the Prefect API (default 1)")
+    a = ap.parse_args(argv)
+    run = follow(a.flow_run_id, a.poll_s)
     print(f"{run.name}: {run.state.name if run.state else 'unknown'}")
+    return 0 if run.state is not None and run.state.is_completed() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
