@@ -14,80 +14,78 @@ from pathlib import Path
 
 from prefect import flow, task
 
+from tasks.config import Profile
 from tasks.fleet.device import load_device_profile  # the profile with this device's deploy settings (device.yaml)
 
 
 @task
-def fetch(profile: str, alias: str, version: str | None = None) -> tuple[str, str]:
+def fetch(target: Profile, alias: str, version: str | None = None) -> tuple[str, str]:
     """Download the aliased (or the given) version into its own versioned directory and verify every sha256."""
     from tasks.deploy import fetch_version
 
-    version, path = fetch_version(load_device_profile(profile), alias, version)
+    version, path = fetch_version(target, alias, version)
     return version, str(path)
 
 
 @task
-def check_serving(profile: str, version: str, package: str) -> dict | None:
+def check_serving(target: Profile, version: str, package: str) -> dict | None:
     """Is this exact version already serving here, proxied and healthy? (then there is nothing to roll out)"""
     from tasks.deploy import already_serving, client_headers, public_url, smoke_chat
 
-    p = load_device_profile(profile)
-    serving = already_serving(p, version, Path(package))
+    serving = already_serving(target, version, Path(package))
     # still prove the stable port answers a chat, as a real rollout would
-    return serving and serving | {"smoke_answer": smoke_chat(public_url(p), p.registry.model_name, p.deploy.smoke_prompt,
-                                                             headers=client_headers(p))}
+    return serving and serving | {"smoke_answer": smoke_chat(public_url(target), target.registry.model_name,
+                                                             target.deploy.smoke_prompt, headers=client_headers(target))}
 
 
 @task
-def bind_engine(profile: str, package: str) -> tuple[str, str]:
+def bind_engine(target: Profile, package: str) -> tuple[str, str]:
     """Check the shipped engine against this device, or build one here from the checkpoint."""
     from tasks.deploy import engine_for_device
 
-    engine, how = engine_for_device(load_device_profile(profile), Path(package))
+    engine, how = engine_for_device(target, Path(package))
     print(how)
     return str(engine), how
 
 
 @task
-def start_candidate(profile: str, engine: str, version: str, package: str) -> dict:
+def start_candidate(target: Profile, engine: str, version: str, package: str) -> dict:
     """Start the new version on the free side port and health-gate it (deep /health + a smoke chat)."""
     from tasks.deploy import start_candidate as start
 
-    return start(load_device_profile(profile), Path(engine), version, Path(package))
+    return start(target, Path(engine), version, Path(package))
 
 
 @task
-def switch_traffic(profile: str, candidate: dict) -> dict:
+def switch_traffic(target: Profile, candidate: dict) -> dict:
     """Point the stable port at the candidate; the old server finishes its requests, then stops."""
     from tasks.deploy import ensure_proxy, switch_to
 
-    p = load_device_profile(profile)
-    ensure_proxy(p)
-    return switch_to(p, candidate)
+    ensure_proxy(target)
+    return switch_to(target, candidate)
 
 
 @task
-def record(profile: str, alias: str, outcome: dict, package: str | None = None) -> None:
+def record(target: Profile, alias: str, outcome: dict, package: str | None = None) -> None:
     """Log the deployment (succeeded or failed, and why) as a run of the MLflow `edgeflow-deployments` experiment,
     tagged with the hash of the package it installed (`package`, once fetched)."""
     from tasks.deploy import record_deployment
 
-    record_deployment(load_device_profile(profile), alias, outcome, Path(package) if package else None)
-    refresh_inventory(profile)
+    record_deployment(target, alias, outcome, Path(package) if package else None)
+    refresh_inventory(target)
 
 
-def refresh_inventory(profile: str) -> None:
+def refresh_inventory(target: Profile) -> None:
     """A registered device's inventory record says what it serves now (python -m tasks.fleet list). A record that
     cannot be written leaves the deploy's outcome as it is (the device serves what it serves); it says so instead."""
     from tasks.fleet.device import load_device
     from tasks.fleet.inventory import update_serving
-    from tasks.config import load_profile
 
     device = load_device()
     if device is None:
         return
     try:
-        update_serving(load_profile(profile), device)
+        update_serving(target, device)
     except Exception as e:  # noqa: BLE001 - the inventory is a view; the deployment record above is the record
         print(f"inventory record of {device.id} not refreshed ({type(e).__name__}: {e}); the next registration or deploy refreshes it")
 
@@ -101,47 +99,48 @@ def deploy_edge(profile: str, alias: str = "staging", force: bool = False, versi
 
     from tasks.deploy import check_exposure, public_url
 
+    target = load_device_profile(profile)  # once: the profile with this device's deploy settings, handed to each step
     outcome: dict = {"alias": alias, "prefect_flow_run_id": flow_run.get_id(), "reason": reason}
     package = None
     try:
-        check_exposure(load_device_profile(profile))  # before anything is fetched or started
-        version, package = fetch(profile, alias, version)
+        check_exposure(target)  # before anything is fetched or started
+        version, package = fetch(target, alias, version)
         outcome["version"] = version
-        serving = None if force else check_serving(profile, version, package)
+        serving = None if force else check_serving(target, version, package)
         if serving:
             # Nothing to roll out: record the (successful, unchanged) deployment and leave the device alone.
-            result = {"url": public_url(load_device_profile(profile)), "version": version, "unchanged": True,
+            result = {"url": public_url(target), "version": version, "unchanged": True,
                       "engine_binding": f"already serving version {version} on port {serving['port']} (healthy)",
                       "smoke_answer": serving["smoke_answer"], "health": serving["health"], "side_port": serving["port"]}
-            record(profile, alias, outcome | {"status": "FINISHED"} | result, package)
+            record(target, alias, outcome | {"status": "FINISHED"} | result, package)
             return result | {"alias": alias}
-        engine, how = bind_engine(profile, package)
-        candidate = start_candidate(profile, engine, version, package)
-        switched = switch_traffic(profile, candidate)
+        engine, how = bind_engine(target, package)
+        candidate = start_candidate(target, engine, version, package)
+        switched = switch_traffic(target, candidate)
     except Exception as e:
-        record(profile, alias, outcome | {"status": "FAILED", "error": f"{type(e).__name__}: {e}"}, package)
+        record(target, alias, outcome | {"status": "FAILED", "error": f"{type(e).__name__}: {e}"}, package)
         raise
     result = {
-        "url": public_url(load_device_profile(profile)), "version": version, "engine_binding": how,
+        "url": public_url(target), "version": version, "engine_binding": how,
         "smoke_answer": candidate["smoke_answer"], "health": candidate["health"], "side_port": candidate["port"],
     } | switched
-    record(profile, alias, outcome | {"status": "FINISHED"} | result, package)
+    record(target, alias, outcome | {"status": "FINISHED"} | result, package)
     return result | {"alias": alias}
 
 
 @flow(name="rollback-edge", log_prints=True)
 def rollback_edge(profile: str) -> dict:
     """Serve the version this device ran before, by the same health-gated switch (no registry call needed)."""
-    from tasks.deploy import previous_deployment, public_url
     from tasks.artifacts import verify_manifest
+    from tasks.deploy import previous_deployment, public_url
 
-    p = load_device_profile(profile)
-    prev = previous_deployment(p)
+    target = load_device_profile(profile)
+    prev = previous_deployment(target)
     verify_manifest(Path(prev["package"]))  # the old files are still what was verified at the time
-    candidate = start_candidate(profile, prev["engine"], prev["version"], prev["package"])
-    switched = switch_traffic(profile, candidate)
-    result = {"url": public_url(p), "version": prev["version"], "smoke_answer": candidate["smoke_answer"]} | switched
-    record(profile, "rollback", {"status": "FINISHED"} | result, prev["package"])
+    candidate = start_candidate(target, prev["engine"], prev["version"], prev["package"])
+    switched = switch_traffic(target, candidate)
+    result = {"url": public_url(target), "version": prev["version"], "smoke_answer": candidate["smoke_answer"]} | switched
+    record(target, "rollback", {"status": "FINISHED"} | result, prev["package"])
     return result
 
 

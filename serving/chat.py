@@ -17,7 +17,7 @@ from serving.protocol import ApiError, ChatRequest
 from serving.runtime import Runtime
 
 if TYPE_CHECKING:
-    from serving.app import ServerSettings
+    from serving.settings import ServerSettings
 
 CHAT_ENDPOINT = "/v1/chat/completions"
 

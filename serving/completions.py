@@ -13,7 +13,7 @@ from serving.protocol import CompletionRequest
 from serving.runtime import Runtime
 
 if TYPE_CHECKING:
-    from serving.app import ServerSettings
+    from serving.settings import ServerSettings
 
 COMPLETIONS_ENDPOINT = "/v1/completions"
 

@@ -35,7 +35,7 @@ from serving.state import AppState, utc_now
 from tasks.engines.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from serving.app import ServerSettings
+    from serving.settings import ServerSettings
 
 log = logging.getLogger("edgeflow.serving")
 

@@ -32,7 +32,7 @@ from serving.watchdog import Watchdog
 from tasks.engines.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from serving.app import ServerSettings
+    from serving.settings import ServerSettings
 
 log = logging.getLogger("edgeflow.serving")
 

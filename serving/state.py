@@ -19,7 +19,7 @@ from tasks.pii import scrub_value
 log = logging.getLogger("edgeflow.serving")
 
 if TYPE_CHECKING:
-    from serving.app import ServerSettings
+    from serving.settings import ServerSettings
     from serving.runtime import Generation, Runtime
 
 

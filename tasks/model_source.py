@@ -19,8 +19,12 @@ import sys
 import zipfile
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from tasks.artifacts import ArtifactRef, sha256_file, sha256_json, sha256_tree, write_manifest
-from tasks.config import Profile, TeacherConfig
+
+if TYPE_CHECKING:  # annotations only: tasks.config asks this module for the teacher's config at profile load
+    from tasks.config import Profile, TeacherConfig
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

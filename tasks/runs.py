@@ -21,6 +21,7 @@ from typing import Any, Iterator
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.artifacts import ArtifactRef, sha256_json, sha256_tree
+from tasks.store import check_reachable, publish, tracking_uri  # one direction: the store never imports runs
 
 
 class ReleaseContext(BaseModel):
@@ -95,8 +96,6 @@ def content_key(context, parameters: dict[str, Any]) -> str:
     return f"{context.task.name}-{CACHE_GENERATION}-{sha256_json(_stable(content))[:32]}"
 
 
-def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI", "http://127.0.0.1:5055")
 
 
 # One run per deployment attempt (tasks/deploy.py:record_deployment), FINISHED or FAILED.
@@ -128,7 +127,6 @@ def open_release_run(profile: str, flow_run_id: str | None) -> ReleaseContext:
 
     from tasks.codeversion import code_identity
     from tasks.config import load_profile
-    from tasks.store import check_reachable
 
     p = load_profile(profile)
     check_reachable(tracking_uri())
@@ -154,8 +152,6 @@ def open_release_run(profile: str, flow_run_id: str | None) -> ReleaseContext:
 def publish_inputs(client, run_id: str, p) -> dict[str, ArtifactRef]:
     """Every file the profile names, logged to the release's run under inputs/<sha256>/…: content-addressed, so a
     retry after an edit publishes the new content beside the old instead of over it."""
-    from tasks.store import publish
-
     refs = {}
     for path in dict.fromkeys(p.input_files().values()):
         local = p.resolve(path)

@@ -56,10 +56,9 @@ def is_store_uri(uri: str) -> bool:
     return uri.startswith(STORE_SCHEMES)
 
 
-def _tracking_uri() -> str:
-    from tasks.runs import tracking_uri
-
-    return tracking_uri()
+def tracking_uri() -> str:
+    """The MLflow tracking server every host talks to (its artifact store is this module's store)."""
+    return os.environ.get("MLFLOW_TRACKING_URI", "http://127.0.0.1:5055")
 
 
 def publish(client: Any, run_id: str, local: Path, artifact_path: str, kind: str, meta: dict | None = None,
@@ -177,7 +176,7 @@ def _download(ref: ArtifactRef, dst: Path) -> str:
     from mlflow.exceptions import MlflowException
 
     try:
-        return mlflow.artifacts.download_artifacts(artifact_uri=ref.uri, dst_path=str(dst), tracking_uri=_tracking_uri())
+        return mlflow.artifacts.download_artifacts(artifact_uri=ref.uri, dst_path=str(dst), tracking_uri=tracking_uri())
     except (MlflowException, OSError) as e:
         if not in_store(ref):
             raise ArtifactMissing(
@@ -191,7 +190,7 @@ def source_url(uri: str) -> str:
     """A URL that names the artifact outside MLflow's client (a dataset input's source): the tracking server's
     artifact proxy endpoint for mlflow-artifacts:/…, the URI itself for a bucket."""
     if uri.startswith("mlflow-artifacts:"):
-        return f"{_tracking_uri().rstrip('/')}/api/2.0/mlflow-artifacts/artifacts/{uri.removeprefix('mlflow-artifacts:').lstrip('/')}"
+        return f"{tracking_uri().rstrip('/')}/api/2.0/mlflow-artifacts/artifacts/{uri.removeprefix('mlflow-artifacts:').lstrip('/')}"
     return uri
 
 
@@ -202,7 +201,7 @@ def in_store(ref: ArtifactRef) -> bool:
 
     parent = ref.uri.rstrip("/").rpartition("/")[0]
     try:
-        listing = mlflow.artifacts.list_artifacts(artifact_uri=parent, tracking_uri=_tracking_uri())
+        listing = mlflow.artifacts.list_artifacts(artifact_uri=parent, tracking_uri=tracking_uri())
     except (MlflowException, OSError):
         return False
     return any(f.path.rstrip("/").rsplit("/", 1)[-1] == ref.name for f in listing or [])
