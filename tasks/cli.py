@@ -38,6 +38,8 @@ COMMANDS: dict[str, Command] = {
     "up": Command("scripts/services.py", "start the Prefect and MLflow servers, pools, workers and the monitoring stack",
                   "edgeflow up", ("up",)),
     "down": Command("scripts/services.py", "stop everything `up` and the edge deploys started", "edgeflow down", ("down",)),
+    "init": Command("tasks.init_profile", "write a commented profile for your own model (family, engines, group size, "
+                    "student, placement)", "edgeflow init /models/qwen2.5-0.5b-instruct --hosts a100,orin,cpu --out configs/qwen.yaml"),
     "release": Command("flows.release", "run the chain on a profile: distill to a registered (and deployed) version",
                        "edgeflow release --profile configs/test-tiny.yaml --deploy none", profile=True, services=True),
     "nightly": Command("flows.nightly", "recalibrate from the last day's access logs and register a new staging version",
