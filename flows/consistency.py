@@ -56,6 +56,7 @@ def gate_variants(
                       "decode_tok_s", "ttft_ms", "engine_parity"):
                 if row["metrics"][k] is not None:
                     client.log_metric(run_id, f"{row['name']}.{k}", float(row["metrics"][k]))
+            client.log_metric(run_id, f"{row['name']}.decode_tok_s_greedy", float(row["decode_tok_s_greedy"]))
         plot_dir = profile.work / "releases" / ctx.release_id / f"plots-attempt{attempt}"
         plot_dir.mkdir(parents=True, exist_ok=True)
         quantized = {v["name"] for v in variants if v["quantized"]}

@@ -19,10 +19,10 @@ from tasks.config import REPO_ROOT
 from tasks.evaluation.report import GateReport
 
 # The markdown table's columns, in order.
-COLUMNS = ("name", "size_mb", "engine_precision", "decode_tok_s", "ttft_ms", "top1_agreement", "top1_last", "kl",
-           "kl_p99", "ppl", "greedy_exact", "answers_ok", "passed")
+COLUMNS = ("name", "size_mb", "engine_precision", "decode_tok_s", "ttft_ms", "decode_tok_s_greedy", "top1_agreement",
+           "top1_last", "kl", "kl_p99", "ppl", "greedy_exact", "answers_ok", "passed")
 # What the report keeps of each gate row (then engine_parity, rounded, from the row's metrics).
-VARIANT_FIELDS = tuple(c for c in COLUMNS if c != "answers_ok") + ("quantized", "reasons", "answers")
+VARIANT_FIELDS = tuple(c for c in COLUMNS if c != "answers_ok") + ("decode_settings", "quantized", "reasons", "answers")
 # What the report keeps of the student's evaluation (its ArtifactRef.meta, as the distill stage recorded it).
 STUDENT_FIELDS = ("student_top1_vs_teacher", "student_kl_vs_teacher", "teacher_ppl", "student_ppl", "student_ppl_before_training",
                   "student_top1_before_training", "student_kl_before_training", "student_quality_pct", "student_layers",
@@ -194,6 +194,11 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _settings(rows: list[dict]) -> str:
+    found = sorted({r.get("decode_settings") or "not recorded" for r in rows})
+    return "; ".join(found) or "greedy"
+
+
 def _fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
@@ -232,7 +237,9 @@ def markdown(report: dict) -> str:
         + (f" Greedy exact match ≥ {g['min_greedy_exact_match']:.0%}." if g.get("min_greedy_exact_match") is not None else "")
         + f" top1_last: agreement at each prompt's last position; greedy_exact: share of {g.get('greedy_prompts', 0)} prompts whose "
         f"greedy {g.get('greedy_tokens', 32)}-token continuation equals the reference's; engine_precision 'fp32 (dequantized)': "
-        "the backend has no exact kernel for that scheme, so the engine runs the checkpoint's dequantized weights.",
+        "the backend has no exact kernel for that scheme, so the engine runs the checkpoint's dequantized weights."
+        + f" decode_tok_s and ttft_ms: one 64-token generation with the decoding the server applies by default "
+        f"({_settings(report['variants'])}); decode_tok_s_greedy: the same generation decoded greedily.",
         "",
         "## Student vs teacher",
         "",

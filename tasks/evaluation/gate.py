@@ -41,18 +41,33 @@ def greedy_prompts(seqs: list[list[int]], num: int) -> list[list[int]]:
     return [s[: max(2, min(len(s) // 2, 64))] for s in picked]
 
 
-def measure_speed(backend, session, prompt_ids: list[int], n_tokens: int = 64) -> dict[str, float]:
-    """Decode tok/s and time to first token of one greedy generation (no stop tokens)."""
+def measure_speed(backend, session, prompt_ids: list[int], n_tokens: int = 64, sampling=None) -> dict[str, float]:
+    """Decode tok/s and time to first token of one generation (no stop tokens): greedy, or with `sampling`."""
     t0 = time.perf_counter()
     first = None
     count = 0
-    for _ in backend.generate(session, prompt_ids, n_tokens, []):
+    for _ in backend.generate(session, prompt_ids, n_tokens, [], sampling):
         count += 1
         if first is None:
             first = time.perf_counter()
     end = time.perf_counter()
     decode = (count - 1) / (end - first) if count > 1 else 0.0
     return {"decode_tok_s": decode, "ttft_ms": 1000 * ((first or end) - t0), "speed_tokens": count}
+
+
+def served_speed(backend, session, prompt_ids: list[int], engine_dir: Path) -> dict[str, float | str]:
+    """The speed a client of the server gets: decode tok/s and TTFT with the decoding settings the server applies by
+    default (the engine's generation_config.json: its repetition penalty, temperature, top-p), and greedy beside them
+    (decode_tok_s_greedy, ttft_ms_greedy). Without defaults the server decodes greedily and the two are one run."""
+    from serving.runtime import generation_defaults
+    from tasks.engines.sampling import SamplingParams
+    from tasks.evaluation.answers import SEED
+
+    greedy = measure_speed(backend, session, prompt_ids)
+    defaults = generation_defaults(engine_dir)
+    served = measure_speed(backend, session, prompt_ids, sampling=SamplingParams(**defaults, seed=SEED)) if defaults else greedy
+    return served | {"decode_tok_s_greedy": greedy["decode_tok_s"], "ttft_ms_greedy": greedy["ttft_ms"],
+                     "decode_settings": ", ".join(f"{k} {v}" for k, v in sorted(defaults.items())) or "greedy"}
 
 
 def run_gate(reference: Reference, variants: list[dict], gate: GateConfig, backend_name: str) -> tuple[list[dict], dict]:
@@ -96,7 +111,7 @@ def run_gate(reference: Reference, variants: list[dict], gate: GateConfig, backe
             raise ValueError(f"engine {v['name']!r} refused greedy prompt {refused[0][0][:8]}…: {refused[0][1]}") from refused[0][1]
         m["greedy_exact_match"] = greedy_exact_match(ref_continuations, eng_continuations) if prompts else None
         m["greedy_prompts"] = len(prompts)
-        m |= measure_speed(backend, sessions[v["name"]], speed_prompt)
+        m |= served_speed(backend, sessions[v["name"]], speed_prompt, Path(v["engine_dir"]))
         answers = answer_prompts(backend, sessions[v["name"]], Path(v["engine_dir"]))  # as the server would answer
         said = summary(answers)
         m["answers_degenerate"], m["answers_distinct_2"] = said["degenerate"], said["distinct_2_mean"]
@@ -123,6 +138,9 @@ def run_gate(reference: Reference, variants: list[dict], gate: GateConfig, backe
                 "size_mb": round(v["size_mb"], 1),
                 "decode_tok_s": round(m["decode_tok_s"], 1),
                 "ttft_ms": round(m["ttft_ms"], 1),
+                "decode_tok_s_greedy": round(m.pop("decode_tok_s_greedy"), 1),
+                "ttft_ms_greedy": round(m.pop("ttft_ms_greedy"), 1),
+                "decode_settings": m.pop("decode_settings"),
                 "top1_agreement": round(m["top1_agreement"], 4),
                 "kl": round(m["kl"], 5),
                 "kl_p99": round(m["kl_p99"], 5),

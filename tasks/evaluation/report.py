@@ -27,8 +27,16 @@ class GateRow(BaseModel):
 
     name: str = Field(description="Variant name (`fp32` for the full-precision student).")
     size_mb: float = Field(description="Checkpoint size in MiB, rounded to 0.1.")
-    decode_tok_s: float = Field(description="Decode tokens per second of one greedy generation on the built engine.")
+    decode_tok_s: float = Field(description="Decode tokens per second of one 64-token generation on the built engine, "
+                                "with the decoding settings the server applies by default (decode_settings).")
     ttft_ms: float = Field(description="Time to first token of that generation, in milliseconds.")
+    decode_tok_s_greedy: float | None = Field(
+        default=None, description="The same generation decoded greedily (what the gate's greedy checks run); None in "
+        "reports written before it was measured.")
+    ttft_ms_greedy: float | None = Field(default=None, description="Time to first token of the greedy generation, in ms.")
+    decode_settings: str | None = Field(
+        default=None, description="The server's default decoding, from the engine's generation_config.json (e.g. "
+        "'repetition_penalty 1.1'), or 'greedy'.")
     top1_agreement: float = Field(description="Share of positions where the engine's argmax equals the reference's (0..1).")
     kl: float = Field(description="Mean KL(reference ‖ engine) over the evaluation positions.")
     kl_p99: float = Field(description="99th percentile of the per-position KL.")

@@ -149,6 +149,9 @@ def test_release_deployment_registers_stages_and_serves(services, tmp_path):
     for row in report["variants"]:
         assert set(("name", "size_mb", "decode_tok_s", "ttft_ms", "top1_agreement", "kl", "ppl", "passed")) <= set(row)
         assert 0 <= row["top1_agreement"] <= 1 and row["kl"] >= 0 and row["ppl"] > 1 and row["decode_tok_s"] > 0
+        assert row["decode_tok_s_greedy"] > 0 and row["decode_settings"]  # the server's default decoding, named
+        if row["decode_settings"] == "greedy":  # no sampling defaults: one run, reported twice
+            assert row["decode_tok_s"] == row["decode_tok_s_greedy"]
         assert row["engine_parity"] >= profile.gate.min_engine_parity, row
     fp32 = report["variants"][0]
     assert fp32["top1_agreement"] > 0.99 and fp32["kl"] < 1e-3  # the dense engine reproduces the HF student
