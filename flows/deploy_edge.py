@@ -144,11 +144,30 @@ def rollback_edge(profile: str) -> dict:
     return result
 
 
+@flow(name="reconcile-edge", log_prints=True)
+def reconcile_edge(profile: str) -> dict:
+    """On the device: serve the fleet's `production` version if it serves another, unless a rollout is at work
+    (tasks/fleet/reconcile.py); its own `reconcile-<id>` deployment runs it on a schedule."""
+    from tasks.fleet.reconcile import decide
+
+    decision = decide(load_device_profile(profile))
+    print(f"reconcile: {decision.action}: {decision.reason}")
+    out = decision.model_dump()
+    if decision.action == "deploy":
+        out["deployed"] = deploy_edge(profile, "production", version=decision.intended, reason=f"reconcile: {decision.reason}")
+    return out
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", default="configs/demo-cpu.yaml")
     ap.add_argument("--alias", default="staging")
     ap.add_argument("--rollback", action="store_true", help="serve the previous version instead")
     ap.add_argument("--force", action="store_true", help="roll out even if this version already serves here")
+    ap.add_argument("--reconcile", action="store_true", help="serve the fleet's production version if this device "
+                    "serves another (and no rollout is at work)")
     a = ap.parse_args()
-    print(rollback_edge(a.profile) if a.rollback else deploy_edge(a.profile, a.alias, a.force))
+    if a.reconcile:
+        print(reconcile_edge(a.profile))
+    else:
+        print(rollback_edge(a.profile) if a.rollback else deploy_edge(a.profile, a.alias, a.force))

@@ -34,10 +34,22 @@ def _run_on_device(deployment: str, device: str, parameters: dict, timeout: floa
 
     fr = run_deployment(deployment, parameters=parameters, work_queue_name=queue_name(device), timeout=timeout,
                         poll_interval=POLL_S)
+    if fr.state.is_scheduled() or fr.state.is_pending():  # never picked up (the device is cut off): cancel it, so the
+        _cancel(fr.id, f"not picked up within rollout.deploy_timeout_s={timeout:.0f} s")  # device never runs it stale
     if not fr.state.is_completed():
         raise RuntimeError(f"{deployment.split('/')[0]} on {device} (flow run {fr.id}) ended {fr.state.type.value}: "
                            f"{fr.state.message or 'no answer within rollout.deploy_timeout_s'}")
     return fr.state.result()
+
+
+def _cancel(flow_run_id, why: str) -> None:
+    """Cancel a device's queued run the rollout stopped waiting for; the device reconciles with production instead
+    (tasks/fleet/reconcile.py)."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled
+
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(flow_run_id, Cancelled(message=why), force=True)
 
 
 @task(task_run_name="deploy v{version} on {device}")

@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"registered {record.id} (pool {record.pool}, queue {record.queue}); serving: "
           f"{record.serving.version or 'nothing'}{' (healthy)' if record.serving.healthy else ''}")
     print(inventory.ensure_ship_logs(device, a.profile))
+    print(inventory.ensure_reconcile(device, a.profile))
     if a.cmd == "register":
         return 0
     prefect = shutil.which("prefect") or str(Path(sys.executable).with_name("prefect"))

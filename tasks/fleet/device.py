@@ -57,6 +57,11 @@ class DeviceConfig(BaseModel):
         "ship-logs-<id> deployment). Hourly at :15: the nightly at 02:30 sees every segment cut before 02:15. "
         "None: the deployment has no schedule (run it by hand or from a flow).",
     )
+    reconcile_cron: str | None = Field(
+        default="*/10 * * * *", description="When this device checks that it serves the fleet's production version and "
+        "deploys it if not (cron, UTC; its own reconcile-<id> deployment, tasks/fleet/reconcile.py): a device cut off "
+        "during a rollout catches up within 10 minutes of its return. None: no schedule.",
+    )
     deploy: dict = Field(
         default_factory=dict,
         description="Overrides of the profile's `deploy` block on this device (port, side_ports, install_dir, host, "

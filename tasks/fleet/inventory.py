@@ -113,12 +113,26 @@ def register(profile: Profile, device: DeviceConfig) -> DeviceRecord:
 
 
 SHIP_LOGS_TEMPLATE = "ship-logs/ship-logs"
+RECONCILE_TEMPLATE = "reconcile-edge/reconcile-edge"
 
 
 def ensure_ship_logs(device: DeviceConfig, profile_path: str) -> str:
     """This device's own scheduled ship-logs deployment (ship-logs-<id>, on its queue), copied from the
     `ship-logs` deployment of prefect.yaml; returns what was done. Without the template (prefect.yaml not deployed
     yet) nothing is created, and it says so."""
+    return _ensure_device_deployment(device, profile_path, SHIP_LOGS_TEMPLATE, device.ship_logs_cron,
+                                     "logs are not shipped on a schedule")
+
+
+def ensure_reconcile(device: DeviceConfig, profile_path: str) -> str:
+    """This device's own scheduled reconcile deployment (reconcile-<id>, on its queue; tasks/fleet/reconcile.py)."""
+    return _ensure_device_deployment(device, profile_path, RECONCILE_TEMPLATE, device.reconcile_cron,
+                                     "the device does not catch up with production by itself")
+
+
+def _ensure_device_deployment(device: DeviceConfig, profile_path: str, template: str, cron: str | None,
+                              without: str) -> str:
+    """A copy of `template` named <its name>-<device id>, on the device's queue, on `cron` (UTC)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import DeploymentScheduleCreate
     from prefect.client.schemas.schedules import CronSchedule
@@ -126,19 +140,20 @@ def ensure_ship_logs(device: DeviceConfig, profile_path: str) -> str:
 
     with get_client(sync_client=True) as client:
         try:
-            base = client.read_deployment_by_name(SHIP_LOGS_TEMPLATE)
+            base = client.read_deployment_by_name(template)
         except ObjectNotFound:
-            return f"no {SHIP_LOGS_TEMPLATE} deployment to copy (run `prefect deploy --all`); logs are not shipped on a schedule"
-        name = f"ship-logs-{device.id}"
+            return f"no {template} deployment to copy (run `prefect deploy --all`); {without}"
+        flow_name, _, base_name = template.partition("/")
+        name = f"{base_name}-{device.id}"
         client.create_deployment(  # an upsert: the same name again updates it
             flow_id=base.flow_id, name=name, work_pool_name=device.pool, work_queue_name=device.queue,
             entrypoint=base.entrypoint, path=base.path, pull_steps=base.pull_steps, job_variables=base.job_variables,
             parameters=base.parameters | {"profile": profile_path}, parameter_openapi_schema=base.parameter_openapi_schema,
             enforce_parameter_schema=True, description=f"{base.description} (device {device.id})",
-            schedules=[DeploymentScheduleCreate(schedule=CronSchedule(cron=device.ship_logs_cron, timezone="UTC"), active=True)]
-            if device.ship_logs_cron else [],
+            schedules=[DeploymentScheduleCreate(schedule=CronSchedule(cron=cron, timezone="UTC"), active=True)]
+            if cron else [],
         )
-    return f"ship-logs/{name} on {device.queue}, " + (f"cron {device.ship_logs_cron!r} UTC" if device.ship_logs_cron else "no schedule")
+    return f"{flow_name}/{name} on {device.queue}, " + (f"cron {cron!r} UTC" if cron else "no schedule")
 
 
 def update_serving(profile: Profile, device: DeviceConfig) -> DeviceRecord | None:

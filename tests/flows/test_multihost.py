@@ -35,8 +35,8 @@ HOSTS = ("a100", "orin", "cpu")
 # No ship-logs schedule: the tests start every run themselves.
 # Access logs cut into segments every 5 s, so the logs test has segments to ship.
 DEVICES = {"orin": {"id": "orin-a", "pool": "orin", "build_queue": True, "tags": {"site": "lab", "ring": "canary"},
-                    "ship_logs_cron": None, "deploy": {"access_log_rotate_s": 5}}}
-DEVICE_B = {"id": "orin-b", "pool": "orin", "tags": {"site": "lab", "ring": "main"}, "ship_logs_cron": None,
+                    "ship_logs_cron": None, "reconcile_cron": None, "deploy": {"access_log_rotate_s": 5}}}
+DEVICE_B = {"id": "orin-b", "pool": "orin", "tags": {"site": "lab", "ring": "main"}, "ship_logs_cron": None, "reconcile_cron": None,
             "deploy": {"port": 8785, "side_ports": [8786, 8787], "access_log_rotate_s": 5}}
 PROMETHEUS_PORT = os.environ.get("EDGEFLOW_TEST_MH_PROMETHEUS_PORT", "9291")
 GROUP = "edgeflow-hosts"

@@ -1024,3 +1024,63 @@ def test_the_tracking_and_prefect_servers_killed_mid_release_lose_nothing(servic
     versions = [v for v in c.search_model_versions(f"name = '{name}'") if v.tags.get("edgeflow.release_id") == release_id]
     variants = [v.tags["edgeflow.variant"] for v in versions]
     assert variants and len(variants) == len(set(variants)), variants  # each passing variant once
+
+
+def test_a_device_off_production_reconciles_to_it_and_waits_while_a_rollout_is_at_work(services):
+    """reconcile-edge, the device's scheduled catch-up: with `production` on another version than the device serves,
+    it deploys production through deploy-edge; run again, it finds the device in sync and deploys nothing; while a
+    rollout of the device's pool is active it does nothing, naming the rollout."""
+    import asyncio
+
+    from mlflow import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled, Running
+
+    from flows.rollout import rollout
+    from tasks.config import load_profile
+    from tasks.deploy import read_state
+
+    profile = load_profile(REPO / "configs" / "test-tiny.yaml")
+    name = profile.registry.model_name
+    c = MlflowClient(services["MLFLOW_TRACKING_URI"])
+    serving = read_state(profile)["current"]["version"]
+    other = next(v.version for v in c.search_model_versions(f"name = '{name}'") if v.version != serving)
+    before = c.get_model_version_by_alias(name, "production").version if "production" in c.get_registered_model(name).aliases else None
+    c.set_registered_model_alias(name, "production", other)  # where the fleet went while this device was away
+    try:
+        fr = run_deployment("reconcile-edge/reconcile-edge", parameters={"profile": "configs/test-tiny.yaml"}, timeout=900)
+        assert fr.state.is_completed(), fr.state.message
+        out = fr.state.result()
+        assert out["action"] == "deploy" and out["serving"] == serving and out["intended"] == other, out
+        assert read_state(profile)["current"]["version"] == other
+        r = httpx.post(f"http://127.0.0.1:{profile.deploy.port}/v1/chat/completions", timeout=60, json={
+            "model": name, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4})
+        assert r.status_code == 200 and r.json()["system_fingerprint"] == other
+
+        again = run_deployment("reconcile-edge/reconcile-edge", parameters={"profile": "configs/test-tiny.yaml"}, timeout=600)
+        assert again.state.result()["action"] == "in_sync"
+
+        async def active_rollout():
+            async with get_client() as client:
+                run = await client.create_flow_run(rollout, name="rollout-at-work", parameters={"profile": "configs/test-tiny.yaml"})
+                await client.set_flow_run_state(run.id, Running(), force=True)
+                return run.id
+
+        held = asyncio.run(active_rollout())
+        c.set_registered_model_alias(name, "production", serving)
+        try:
+            waited = run_deployment("reconcile-edge/reconcile-edge", parameters={"profile": "configs/test-tiny.yaml"}, timeout=600)
+            out = waited.state.result()
+            assert out["action"] == "wait" and "'rollout-at-work'" in out["reason"], out
+            assert read_state(profile)["current"]["version"] == other  # untouched while the rollout owns the fleet
+        finally:
+            async def cancel():
+                async with get_client() as client:
+                    await client.set_flow_run_state(held, Cancelled(), force=True)
+
+            asyncio.run(cancel())
+    finally:
+        if before:
+            c.set_registered_model_alias(name, "production", before)
+        else:
+            c.delete_registered_model_alias(name, "production")
