@@ -120,19 +120,19 @@ def ensure_ship_logs(device: DeviceConfig, profile_path: str) -> str:
     """This device's own scheduled ship-logs deployment (ship-logs-<id>, on its queue), copied from the
     `ship-logs` deployment of prefect.yaml; returns what was done. Without the template (prefect.yaml not deployed
     yet) nothing is created, and it says so."""
-    return _ensure_device_deployment(device, profile_path, SHIP_LOGS_TEMPLATE, device.ship_logs_cron,
+    return _ensure_device_deployment(device, profile_path, SHIP_LOGS_TEMPLATE, "ship-logs", device.ship_logs_cron,
                                      "logs are not shipped on a schedule")
 
 
 def ensure_reconcile(device: DeviceConfig, profile_path: str) -> str:
     """This device's own scheduled reconcile deployment (reconcile-<id>, on its queue; tasks/fleet/reconcile.py)."""
-    return _ensure_device_deployment(device, profile_path, RECONCILE_TEMPLATE, device.reconcile_cron,
+    return _ensure_device_deployment(device, profile_path, RECONCILE_TEMPLATE, "reconcile", device.reconcile_cron,
                                      "the device does not catch up with production by itself")
 
 
-def _ensure_device_deployment(device: DeviceConfig, profile_path: str, template: str, cron: str | None,
+def _ensure_device_deployment(device: DeviceConfig, profile_path: str, template: str, prefix: str, cron: str | None,
                               without: str) -> str:
-    """A copy of `template` named <its name>-<device id>, on the device's queue, on `cron` (UTC)."""
+    """A copy of `template` named <prefix>-<device id>, on the device's queue, on `cron` (UTC)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import DeploymentScheduleCreate
     from prefect.client.schemas.schedules import CronSchedule
@@ -143,8 +143,8 @@ def _ensure_device_deployment(device: DeviceConfig, profile_path: str, template:
             base = client.read_deployment_by_name(template)
         except ObjectNotFound:
             return f"no {template} deployment to copy (run `prefect deploy --all`); {without}"
-        flow_name, _, base_name = template.partition("/")
-        name = f"{base_name}-{device.id}"
+        flow_name = template.partition("/")[0]
+        name = f"{prefix}-{device.id}"
         client.create_deployment(  # an upsert: the same name again updates it
             flow_id=base.flow_id, name=name, work_pool_name=device.pool, work_queue_name=device.queue,
             entrypoint=base.entrypoint, path=base.path, pull_steps=base.pull_steps, job_variables=base.job_variables,

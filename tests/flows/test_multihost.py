@@ -690,3 +690,69 @@ def test_a_worker_with_other_code_refuses_the_stage_naming_both_versions(hosts):
     msg = fr.state.message
     assert "CodeMismatchError" in msg and "stage build_engine" in msg and "this worker runs edgeflow 0.1.0+" in msg, msg
     assert "the release was started with 0.1.0+" in msg
+
+
+def test_a_device_cut_off_during_a_wave_keeps_serving_fails_the_rollout_closed_and_catches_up_on_its_return(fleet):
+    """orin-b's worker dies the moment orin-b switched to the candidate in wave 1 (the device is cut off from the
+    servers; its edge server runs on). Its probe is never picked up: the wave breaches, orin-a is rolled back, the
+    rollback of orin-b cannot reach it (its queued run is cancelled), and `production` does not move. orin-b keeps
+    answering all along. When its worker is back, its own reconcile deployment brings it to `production`, and none of
+    the cancelled runs runs late."""
+    import threading
+
+    import httpx
+    import yaml
+    from mlflow import MlflowClient
+
+    c = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    name = "edgeflow-multihost"
+    production = c.get_model_version_by_alias(name, "production").version
+    candidate = next(v.version for v in c.search_model_versions(f"name = '{name}'") if v.version != production)
+    data = yaml.safe_load((REPO / PROFILE).read_text())
+    data["rollout"]["deploy_timeout_s"] = 30  # how long a wave waits on a device's run before it gives up on it
+    rel = "configs/test-multihost-cutoff.yaml"
+    for h in (fleet["cpu"], fleet["orin-a"], fleet["orin-b"]):  # each host reads the profile from its own checkout
+        (h.checkout / rel).write_text(yaml.safe_dump(data))
+        os.chown(h.checkout / rel, h.uid, h.gid)
+    b = fleet["orin-b"]
+    b_records = len(_deployments(c, "orin-b"))
+    answers: list[int] = []
+    cut = threading.Event()
+
+    def cut_off_when_switched() -> None:
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline and not cut.is_set():
+            r = httpx.post(f"http://127.0.0.1:{PORTS['orin-b']}/v1/chat/completions", timeout=60, json={
+                "model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+            answers.append(r.status_code)
+            if r.status_code == 200 and r.json()["system_fingerprint"] == candidate:
+                _run("pkill", "-KILL", "-u", b.name, "-f", "worker start")  # the worker only: the server runs on
+                cut.set()
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=cut_off_when_switched, daemon=True)
+    watcher.start()
+    fr = run_deployment("rollout/rollout", parameters={"profile": rel, "version": candidate}, timeout=1800)
+    watcher.join(60)
+    assert cut.is_set(), "orin-b never served the candidate"
+    assert fr.state.is_failed(), fr.state.message
+    msg = fr.state.message
+    assert "wave 1 breached: orin-b" in msg and "rollback FAILED" in msg and f"production unchanged (v{production})" in msg, msg
+    assert c.get_model_version_by_alias(name, "production").version == production
+    assert _fingerprint(PORTS["orin-a"], name) == production  # rolled back
+    assert _fingerprint(PORTS["orin-b"], name) == candidate  # cut off: kept serving what it had
+    assert answers and set(answers) == {200}  # orin-b answered every request, through the switch and the cut
+
+    b.start_worker()  # the device is back
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and "device-orin-b" not in _online_workers("orin"):
+        time.sleep(2)
+    fr = run_deployment("reconcile-edge/reconcile-orin-b", parameters={"profile": PROFILE}, timeout=900)
+    assert fr.state.is_completed(), fr.state.message
+    assert fr.state.result()["action"] == "deploy" and fr.work_queue_name == "device-orin-b"
+    assert _fingerprint(PORTS["orin-b"], name) == production
+    time.sleep(5)  # a cancelled run that ran late would show up as another deployment record by now
+    records = _deployments(c, "orin-b")
+    new = records[: len(records) - b_records]
+    assert [r.data.tags["edgeflow.version"] for r in new] == [production, candidate], new  # reconcile, the wave's deploy
+    assert new[0].data.tags["edgeflow.reason"].startswith("reconcile: serves v" + candidate)
