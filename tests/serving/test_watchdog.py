@@ -180,10 +180,12 @@ def test_supervisor_kills_and_restarts_a_server_that_stops_answering_and_leaves_
     """Liveness: a child that answered HTTP and then froze (SIGSTOP) is SIGKILLed and started again; before its first
     answer (loading) silence is not counted."""
     port = _free_port()
-    runs = tmp_path / "runs"
+    runs, hits = tmp_path / "runs", tmp_path / "hits"
     child = (f"import os,sys,time,http.server; open({str(runs)!r},'a').write(os.environ['EDGEFLOW_SERVER_RESTARTS']+'\\n'); "
-             "time.sleep(1.5); "  # loading: nothing listens yet, and the liveness checks must not count it
-             f"http.server.HTTPServer(('127.0.0.1',{port}),http.server.SimpleHTTPRequestHandler).serve_forever()")
+             "time.sleep(1.5)\n"  # loading: nothing listens yet, and the liveness checks must not count it
+             "class H(http.server.SimpleHTTPRequestHandler):\n"
+             f"    def log_message(self, *a): open({str(hits)!r}, 'a').write('x')\n"  # one byte per request answered
+             f"http.server.HTTPServer(('127.0.0.1',{port}),H).serve_forever()")
     sup = subprocess.Popen([sys.executable, "-m", "serving.supervisor", "--backoff-s", "0",
                             "--liveness-url", f"http://127.0.0.1:{port}/", "--liveness-interval-s", "0.2",
                             "--liveness-timeout-s", "0.3", "--liveness-failures", "3", "--", sys.executable, "-c", child],
@@ -200,6 +202,9 @@ def test_supervisor_kills_and_restarts_a_server_that_stops_answering_and_leaves_
 
         server = psutil.Process(sup.pid).children()[0]
         assert runs.read_text().split() == ["0"]  # not killed while loading
+        deadline = time.monotonic() + 30  # the supervisor has seen it answer (its checks: every request but ours)
+        while (len(hits.read_text()) if hits.exists() else 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
         server.send_signal(signal.SIGSTOP)
         deadline = time.monotonic() + 30
         while runs.read_text().split() != ["0", "1"] and time.monotonic() < deadline:
