@@ -63,6 +63,7 @@ def served_speed(backend, session, prompt_ids: list[int], engine_dir: Path) -> d
     from tasks.engines.sampling import SamplingParams
     from tasks.evaluation.answers import SEED
 
+    measure_speed(backend, session, prompt_ids, n_tokens=8)  # warm-up: neither figure pays for the first call
     greedy = measure_speed(backend, session, prompt_ids)
     defaults = generation_defaults(engine_dir)
     served = measure_speed(backend, session, prompt_ids, sampling=SamplingParams(**defaults, seed=SEED)) if defaults else greedy
