@@ -4,18 +4,20 @@
 
 Two releases of one model at once would register the same candidate twice and race for `staging`; two rollouts of
 one pool would switch the same devices back and forth. The lock is the Prefect server's own record of flow runs:
-the first line of such a run lists the others of its flows that are active (pending, running, paused) and whose
-parameters name the same model or pool. The one that started first keeps going; any other fails at once with
-RunInProgress, naming the run it yields to. Nothing is held: a run that was killed is Crashed (the zombie
-automation, scripts/services.py) and no longer counts, and a Retry of a run is the same flow run, never refused by
-itself. Two runs started in the same second are ordered by start time, then id: exactly one of them goes on.
+the first line of such a run lists the others of its flows that are active (due, pending, running or paused) and
+whose parameters name the same model or pool. The one created first keeps going; any other fails at once with
+RunInProgress, naming the run it yields to. Runs are ordered by creation time, then id, whatever state each is in
+when the other looks, so of two runs started at once exactly one goes on. Nothing is held: a run that was killed is
+Crashed (the zombie automation, scripts/services.py) and no longer counts, a run scheduled for later does not count
+until it is due, and a Retry of a run is the same flow run, never refused by itself.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
-ACTIVE = ("PENDING", "RUNNING", "PAUSED")
+ACTIVE = ("SCHEDULED", "PENDING", "RUNNING", "PAUSED")  # SCHEDULED only once due (active_runs)
 
 
 class RunInProgress(RuntimeError):
@@ -35,11 +37,14 @@ def active_runs(flow_names: list[str]) -> list[Any]:
             flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
                 any_=[StateType(s) for s in ACTIVE]))),
         )
-    return sorted(runs, key=_order)
+    now = datetime.now(timezone.utc)
+    due = [r for r in runs if r.state_type is None or r.state_type.value != "SCHEDULED"
+           or (r.expected_start_time is not None and r.expected_start_time <= now)]
+    return sorted(due, key=_order)
 
 
 def _order(run: Any) -> tuple:
-    return (run.start_time or run.expected_start_time or run.created, str(run.id))
+    return (run.created, str(run.id))
 
 
 def refuse_if_running(what: str, flow_names: list[str], key: str, key_of: Callable[[dict], str | None],

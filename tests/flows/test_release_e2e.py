@@ -850,6 +850,33 @@ def test_promotion_is_checked_and_rollback_serves_the_previous_version(services)
     assert r.status_code == 200 and r.json()["system_fingerprint"] == first  # the device serves the rolled-back version
 
 
+def test_two_releases_of_one_model_started_at_once_one_goes_on_and_the_other_is_refused_naming_it(services, tmp_path):
+    """Two real releases of test-tiny's profile (every stage cached from the first test), started together through the
+    release deployment: the one that started later fails at its first step naming the other, which completes."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+
+    runs = [run_deployment("release/release", parameters={"profile": "configs/test-tiny.yaml", "deploy": "none"}, timeout=0)
+            for _ in range(2)]
+
+    async def final(fr_id):
+        async with get_client() as client:
+            while True:
+                fr = await client.read_flow_run(fr_id)
+                if fr.state.is_final():
+                    return fr
+                await asyncio.sleep(1)
+
+    done = [asyncio.run(asyncio.wait_for(final(fr.id), 1500)) for fr in runs]
+    completed = [fr for fr in done if fr.state.is_completed()]
+    refused = [fr for fr in done if fr.state.is_failed()]
+    assert len(completed) == 1 and len(refused) == 1, [(fr.name, fr.state.type, fr.state.message) for fr in done]
+    msg = refused[0].state.message
+    assert "RunInProgress" in msg and f"flow run {completed[0].name!r} ({completed[0].id})" in msg, msg
+    assert "edgeflow-test-tiny" in msg, msg  # the model both were releasing
+
+
 def test_a_second_release_or_rollout_of_the_same_model_or_fleet_is_refused_naming_the_first(services):
     """tasks/locks.py against the real Prefect server: two release runs of test-tiny's model and two rollouts of its
     pool are active; the one that started later is refused, naming the first; the first, or a run for another model,
