@@ -33,7 +33,7 @@ from serving.models import get_model, list_models
 from serving.page import chat_page as render_chat_page
 from serving.protocol import ApiError, ChatRequest, CompletionRequest, Feedback
 from serving.runtime import Runtime
-from serving.settings import ServerSettings
+from serving.settings import ServerSettings, uvicorn_config
 from serving.state import AppState
 
 # --------------------------------------------------------------------------------------------
@@ -197,5 +197,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (EngineIncompatibleError, ValueError, ImportError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, workers=1)
+    uvicorn.Server(uvicorn_config(app, args.host, args.port, args.log_level)).run()
     return 0

@@ -21,6 +21,7 @@ import argparse
 import collections
 import contextlib
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -31,6 +32,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from serving.settings import PROXY_POOL_KEEPALIVE_S, uvicorn_config
+
+log = logging.getLogger("edgeflow.proxy")
 CONTROL = "/_edgeflow/proxy"
 # hop-by-hop headers (RFC 9110 §7.6.1) and those httpx/uvicorn recompute
 _HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
@@ -58,7 +62,9 @@ def create_app(state: Path, upstream: int | None = None, host: str = "127.0.0.1"
     """The proxy app: everything but the control path is forwarded to the current upstream."""
     up = Upstream(state, upstream)
     # no timeout on reading the body: the edge server enforces its own deadlines and ends streams itself
-    client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None), limits=httpx.Limits(max_keepalive_connections=32))
+    # pooled connections expire before the edge server closes them (serving.settings): no request meets a closing socket
+    client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None), limits=httpx.Limits(
+        max_keepalive_connections=32, keepalive_expiry=PROXY_POOL_KEEPALIVE_S))
 
     async def control(request: Request) -> Response:
         if request.client is None or request.client.host not in ("127.0.0.1", "::1"):
@@ -84,6 +90,7 @@ def create_app(state: Path, upstream: int | None = None, host: str = "127.0.0.1"
             resp = await client.send(upstream_request, stream=True)
         except httpx.HTTPError as e:
             up.in_flight[port] -= 1
+            log.warning("%s %s: edge server on port %d unreachable: %r", request.method, request.url.path, port, e)
             return JSONResponse({"error": {"message": f"edge server on port {port} unreachable: {e!r}", "type": "unavailable"}},
                                 status_code=502)
 
@@ -118,7 +125,8 @@ def main() -> None:
     ap.add_argument("--state", type=Path, required=True, help="JSON file holding the current upstream port")
     ap.add_argument("--upstream", type=int, default=None, help="initial upstream port (default: from --state)")
     a = ap.parse_args()
-    uvicorn.run(create_app(a.state, a.upstream), host=a.host, port=a.port, log_level="warning", timeout_graceful_shutdown=30)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.Server(uvicorn_config(create_app(a.state, a.upstream), a.host, a.port, timeout_graceful_shutdown=30)).run()
 
 
 if __name__ == "__main__":

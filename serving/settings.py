@@ -13,6 +13,21 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 MiB = 1 << 20
 
+# How long the edge server and the proxy keep an idle client connection open. Clients built on httpx (the OpenAI
+# SDK among them) drop an idle connection after 5 s; a server that also closes at 5 s (uvicorn's default) races
+# them, and a request sent as the server closes is reset: 1 of 40 requests spaced at the timeout, measured on the
+# 2-core Xeon of BENCHMARKS.md ("Keep-alive"). At 75 s, as in nginx's keepalive_timeout, the client gives up first.
+KEEPALIVE_S = 75
+# The proxy's own pool drops an idle connection to an edge server well before that server would (same race).
+PROXY_POOL_KEEPALIVE_S = 30
+
+
+def uvicorn_config(app, host: str, port: int, log_level: str = "warning", **options):
+    """The uvicorn settings every edgeflow HTTP server runs with (edge server, proxy, and the tests' live servers)."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEPALIVE_S, **options)
+
 
 class ServerSettings(BaseModel):
     """Everything the server can be told; each field is also a CLI flag (--max-queue, …)."""

@@ -186,12 +186,23 @@ def control_url(profile: Profile) -> str:
 
 
 def ensure_proxy(profile: Profile, timeout: float = 30) -> dict:
-    """Start the stable-port proxy unless it already answers; returns its control state."""
-    try:
-        r = httpx.get(control_url(profile), timeout=2)
-    except httpx.HTTPError:
-        pass
-    else:
+    """Start the stable-port proxy unless one listens; returns its control state.
+
+    Only a refused connection starts one: a proxy slow to answer on a busy device is waited for (up to `timeout`),
+    never replaced, since a second proxy could not bind the port and its pid file would hide the first."""
+    deadline = time.time() + timeout
+    r = None
+    while r is None:
+        try:
+            r = httpx.get(control_url(profile), timeout=5)
+        except httpx.ConnectError:
+            break
+        except httpx.HTTPError as e:
+            if time.time() > deadline:
+                raise RuntimeError(f"port {profile.deploy.port} (deploy.port) accepts connections but its proxy did not answer "
+                                   f"within {timeout:.0f} s ({e!r}); see {profile.work / 'logs' / 'edge-proxy.log'}") from e
+            time.sleep(0.5)
+    if r is not None:
         if r.status_code == 200 and "upstream" in r.json():
             return r.json()
         raise RuntimeError(

@@ -22,12 +22,13 @@ class LiveServer:
         import uvicorn
 
         from serving.app import ServerSettings, create_app
+        from serving.settings import uvicorn_config
 
         self.settings = ServerSettings(**settings)
         self.app = create_app(engine_dir, self.settings)
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        config = uvicorn_config(self.app, "127.0.0.1", self.port, lifespan="on")  # what `python -m serving.server` runs
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         from serving.auth import load_keys

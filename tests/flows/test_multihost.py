@@ -513,6 +513,12 @@ def _fingerprint(port: int, model: str) -> str:
     return r.json()["system_fingerprint"]
 
 
+def _proxy_log(host: Host) -> str:
+    """The end of a device's proxy log: why it answered 502 (an edge server it could not reach), if it did."""
+    logs = sorted(host.home.glob("**/edge-proxy.log"))
+    return "".join(f"{p}: {p.read_text()[-1500:]}" for p in logs) or f"no edge-proxy.log under {host.home}"
+
+
 def _deployments(c, device: str) -> list:
     exp = c.get_experiment_by_name("edgeflow-deployments")
     return c.search_runs([exp.experiment_id], f"tags.`edgeflow.device_id` = '{device}'", order_by=["attributes.start_time DESC"])
@@ -589,7 +595,8 @@ def test_a_good_candidate_goes_canary_first_then_the_rest_and_production_moves(f
     assert state["waves"][0]["watch"]["baseline"]["device"] == "orin-b"  # the canary was compared with the old version
     assert c.get_model_version_by_alias("edgeflow-multihost", "production").version == candidate
     assert {d: _fingerprint(p, "edgeflow-multihost") for d, p in PORTS.items()} == {"orin-a": candidate, "orin-b": candidate}
-    assert load.failures() == {"orin-a": [], "orin-b": []} and all(len(r) >= 5 for r in load.results.values())
+    assert load.failures() == {"orin-a": [], "orin-b": []}, (load.failures(), _proxy_log(fleet["orin-a"]), _proxy_log(fleet["orin-b"]))
+    assert all(len(r) >= 5 for r in load.results.values())
     # the Prefect UI shows each wave as a subflow run named by its devices
     assert _rollout_waves(fr.id) == ["wave 0: ['orin-a']", "wave 1: ['orin-b']"]
     rollouts = c.search_runs([c.get_experiment_by_name("edgeflow-rollouts").experiment_id],
@@ -716,14 +723,18 @@ def test_a_device_cut_off_during_a_wave_keeps_serving_fails_the_rollout_closed_a
         os.chown(h.checkout / rel, h.uid, h.gid)
     b = fleet["orin-b"]
     b_records = len(_deployments(c, "orin-b"))
-    answers: list[int] = []
+    answers: list[int | str] = []
     cut = threading.Event()
 
     def cut_off_when_switched() -> None:
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline and not cut.is_set():
-            r = httpx.post(f"http://127.0.0.1:{PORTS['orin-b']}/v1/chat/completions", timeout=60, json={
-                "model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+            try:
+                r = httpx.post(f"http://127.0.0.1:{PORTS['orin-b']}/v1/chat/completions", timeout=60, json={
+                    "model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+            except httpx.HTTPError as e:  # counted (the assertion below wants none), and the watch goes on
+                answers.append(f"{type(e).__name__}: {e}")
+                continue
             answers.append(r.status_code)
             if r.status_code == 200 and r.json()["system_fingerprint"] == candidate:
                 _run("pkill", "-KILL", "-u", b.name, "-f", "worker start")  # the worker only: the server runs on
@@ -734,14 +745,14 @@ def test_a_device_cut_off_during_a_wave_keeps_serving_fails_the_rollout_closed_a
     watcher.start()
     fr = run_deployment("rollout/rollout", parameters={"profile": rel, "version": candidate}, timeout=1800)
     watcher.join(60)
-    assert cut.is_set(), "orin-b never served the candidate"
+    assert cut.is_set(), f"orin-b never served the candidate; answers {answers[-5:]}; {_proxy_log(b)}"
     assert fr.state.is_failed(), fr.state.message
     msg = fr.state.message
     assert "wave 1 breached: orin-b" in msg and "rollback FAILED" in msg and f"production unchanged (v{production})" in msg, msg
     assert c.get_model_version_by_alias(name, "production").version == production
     assert _fingerprint(PORTS["orin-a"], name) == production  # rolled back
     assert _fingerprint(PORTS["orin-b"], name) == candidate  # cut off: kept serving what it had
-    assert answers and set(answers) == {200}  # orin-b answered every request, through the switch and the cut
+    assert answers and set(answers) == {200}, (answers, _proxy_log(b))  # answered all along, through the switch and the cut
 
     b.start_worker()  # the device is back
     deadline = time.monotonic() + 180

@@ -19,10 +19,11 @@ class LiveProxy:
         import uvicorn
 
         from serving.proxy import create_app
+        from serving.settings import uvicorn_config
 
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(create_app(state, upstream), host="127.0.0.1", port=self.port, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn_config(create_app(state, upstream), "127.0.0.1", self.port))  # as serving.proxy runs
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> "LiveProxy":
@@ -97,3 +98,45 @@ def test_bad_switch_is_refused_and_a_dead_upstream_is_502(blue_green, tmp_path):
         proxy.control(upstream=_free_port())  # nothing listens there
         r = httpx.get(f"{proxy.url}/v1/models", timeout=5)
         assert r.status_code == 502 and "unreachable" in r.text
+
+
+def _exchange(sock, path: str) -> bytes:
+    """One HTTP/1.1 request on an open socket; the response head and body as bytes."""
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data  # the server closed the connection
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    fields = dict(line.lower().split(b": ", 1) for line in head.split(b"\r\n")[1:])
+    if fields.get(b"transfer-encoding") == b"chunked":  # the proxy streams: read to the last, empty chunk
+        while not body.endswith(b"0\r\n\r\n"):
+            body += sock.recv(65536)
+    else:
+        while len(body) < int(fields[b"content-length"]):
+            body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def test_an_idle_connection_stays_open_past_the_clients_own_keep_alive(blue_green, tmp_path):
+    """httpx (and the OpenAI SDK on it) reuses an idle connection for up to 5 s. A server closing at 5 s too resets
+    a request now and then; the proxy and the edge server keep idle connections longer, so the client always gives
+    up first, and the proxy's pool lets its own connections go before the edge server would."""
+    import socket
+
+    from serving.settings import KEEPALIVE_S, PROXY_POOL_KEEPALIVE_S
+
+    blue = blue_green[0]
+    with LiveProxy(tmp_path / "proxy.json", blue.port) as proxy:
+        conns = {name: socket.create_connection(("127.0.0.1", port), timeout=30)
+                 for name, port in (("proxy", proxy.port), ("edge server", blue.port))}
+        for sock in conns.values():
+            assert b" 200 " in _exchange(sock, "/v1/models").split(b"\r\n")[0]
+        time.sleep(6)  # idle past httpx's default keepalive_expiry (5 s)
+        answers = {name: _exchange(sock, "/v1/models").split(b"\r\n")[0] for name, sock in conns.items()}
+        for sock in conns.values():
+            sock.close()
+    assert answers == {"proxy": b"HTTP/1.1 200 OK", "edge server": b"HTTP/1.1 200 OK"}
+    assert PROXY_POOL_KEEPALIVE_S < KEEPALIVE_S

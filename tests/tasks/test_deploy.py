@@ -76,3 +76,21 @@ def test_package_sha256_is_the_tree_hash_the_package_was_registered_with(tmp_pat
     registered = write_manifest(tmp_path)
     assert package_sha256(tmp_path) == registered
     assert package_sha256(tmp_path / "engine") is None  # no manifest: no hash claimed
+
+
+def test_a_proxy_too_busy_to_answer_is_waited_for_and_never_replaced(tmp_path) -> None:
+    """Something accepts on deploy.port but does not answer: ensure_proxy waits its timeout, then fails naming the
+    port and the log, without starting a second proxy (which could not bind and would leave a pid file of nobody)."""
+    import socket
+
+    from tasks.deploy import ensure_proxy, run_dir
+    from tests.live_server import _free_port
+
+    port = _free_port()
+    profile = _profile(port=port)
+    profile = profile.model_copy(update={"work": tmp_path})
+    with socket.create_server(("127.0.0.1", port)):  # listens; nobody ever reads or answers
+        with pytest.raises(RuntimeError, match=rf"port {port} \(deploy.port\) accepts connections but its proxy did not "
+                                               r"answer within 6 s.*edge-proxy.log"):
+            ensure_proxy(profile, timeout=6)
+    assert not (run_dir(profile) / "edge-proxy.pid").exists()
