@@ -7,7 +7,7 @@ PROFILE ?= configs/demo-cpu.yaml
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo page-test test test-all test-durations down pools services venv clean
+.PHONY: demo page-test test test-all test-durations docs down pools services venv clean
 
 # Two installs into one venv: what `make demo` runs (torch, the pipeline, cpu_native, the `demo` extra's OpenAI client),
 # then what `make test` adds
@@ -64,7 +64,7 @@ demo: services
 	set -a; eval "$$($(PY) scripts/services.py env | sed 's/^export //')"; set +a; \
 	$(PY) scripts/demo.py --profile $(PROFILE)
 
-# Two tiers of one suite (README, "Tests: what runs where"): `make test`, what CI runs, leaves out the tests marked
+# Two tiers of one suite (docs/development/tests.md): `make test`, what CI runs, leaves out the tests marked
 # `extended` (pyproject.toml: the ones that do not fit CI's budget on the slowest 2-core box); `make test-all` runs
 # every test, the same ones, nothing lighter. Both write pytest's JUnit XML to $(TEST_RESULTS) and tests/conftest.py
 # writes the machine beside it: `make test-durations` prints seconds per file and per test from them.
@@ -89,6 +89,12 @@ test: $(VENV)/.installed-test
 
 test-all: $(VENV)/.installed-test
 	$(PYTEST) $(PYTEST_ARGS)
+
+# The documentation site (docs/, mkdocs.yml): the reference pages regenerated from the code, then built strictly
+# into .edgeflow/site. tests/scripts/test_docs.py checks both in `make test`.
+docs: $(VENV)/.installed-test
+	$(PY) scripts/docs_reference.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 test-durations:
 	@$(PY) scripts/test_durations.py --xml $(TEST_RESULTS)/junit.xml $(DURATIONS_ARGS)

@@ -10,7 +10,7 @@ the alert recorder (tasks/monitoring.py: their ports, EDGEFLOW_*_PORT, and the s
 EDGEFLOW_MONITOR_TARGETS, default the demo's 127.0.0.1:8000); EDGEFLOW_SCHEDULES=off pauses every
 deployment schedule after deploying (the tests' services); EDGEFLOW_SERVERS_NICE (10) is the niceness the Prefect
 and MLflow servers run at, so stage processes on the same box get the cores first; EDGEFLOW_WORKERS=off starts the servers, pools and
-deployments but no worker (each host starts its own: README, "Running across hosts").
+deployments but no worker (each host starts its own: docs/how-to/across-hosts.md).
 
 Flow runs send a heartbeat every PREFECT_FLOWS_HEARTBEAT_FREQUENCY (30 s), and `up` creates the automation
 "edgeflow: crash zombie flow runs", which marks a run Crashed when its heartbeats stop for ZOMBIE_AFTER_S
@@ -265,13 +265,24 @@ def down() -> None:
         print(f"stopped {pidfile.stem} (pid {pid})")
 
 
-if __name__ == "__main__":
-    cmd = sys.argv[1] if len(sys.argv) > 1 else "up"
-    if cmd == "up":
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="services.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", metavar="{up,down,env}")
+    sub.add_parser("up", help="start what does not already answer (idempotent)", description=__doc__,
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub.add_parser("down", help="stop everything this script and the edge deploys started, by pid file")
+    sub.add_parser("env", help="print the environment a shell needs to talk to the servers")
+    a = ap.parse_args(argv)
+    if a.cmd in (None, "up"):
         up()
-    elif cmd == "down":
+    elif a.cmd == "down":
         down()
-    elif cmd == "env":
-        print("\n".join(f"export {k}={v}" for k, v in service_env().items()))
     else:
-        raise SystemExit(__doc__)
+        print("\n".join(f"export {k}={v}" for k, v in service_env().items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,8 +2,8 @@
 
 Each simulated host (a100, orin, cpu) is its own Linux user with its own checkout copy, EDGEFLOW_HOME and work
 directory, all mode 0700, running its own Prefect worker (the virtual environment is shared read-only). They
-share the Prefect API, the MLflow server (its proxied artifact store) and Prefect's result storage, as README's
-"Running across hosts" describes. A release with every stage pool-placed (configs/test-multihost.yaml) must run
+share the Prefect API, the MLflow server (its proxied artifact store) and Prefect's result storage, as
+docs/how-to/across-hosts.md describes. A release with every stage pool-placed (configs/test-multihost.yaml) must run
 each stage on its pool, hand everything on through the store, gate the engines on the orin host and serve from it;
 a stage killed with kill -9 mid-build must resume on Retry without re-running what came before it.
 """
@@ -604,7 +604,7 @@ def test_a_good_candidate_goes_canary_first_then_the_rest_and_production_moves(f
     assert rollouts[0].data.tags["edgeflow.rollout_status"] == "completed" and rollouts[0].info.status == "FINISHED"
 
 
-@pytest.mark.extended  # `make test-all` only: README, "Tests: what runs where"
+@pytest.mark.extended  # `make test-all` only: docs/development/tests.md
 def test_a_candidate_that_degrades_on_the_device_stops_at_the_canary_and_rolls_back(fleet):
     """The version passed the gate and every registry check; on orin-a it answers wrongly (the server's chaos flag,
     set for that version in the device's own config). The canary's probe catches it: orin-a is rolled back, orin-b is
@@ -643,7 +643,7 @@ def test_a_candidate_that_degrades_on_the_device_stops_at_the_canary_and_rolls_b
     assert _rollout_waves(fr.id) == ["wave 0: ['orin-a']"]
 
 
-@pytest.mark.extended  # `make test-all` only: README, "Tests: what runs where"
+@pytest.mark.extended  # `make test-all` only: docs/development/tests.md
 def test_both_devices_ship_their_logs_and_the_nightly_counts_each_devices_lines(fleet):
     """The rollouts' client traffic is in each device's access log, cut into segments every 5 s. Each device's own
     ship-logs deployment (created by its worker, on its queue) takes them home; a second run ships nothing twice; the
@@ -681,7 +681,7 @@ def test_both_devices_ship_their_logs_and_the_nightly_counts_each_devices_lines(
     assert night["traffic"]["per_device"] == shipped, (night["traffic"], shipped)
 
 
-@pytest.mark.extended  # `make test-all` only: README, "Tests: what runs where"
+@pytest.mark.extended  # `make test-all` only: docs/development/tests.md
 def test_a_worker_with_other_code_refuses_the_stage_naming_both_versions(hosts):
 
     orin = hosts["orin"]

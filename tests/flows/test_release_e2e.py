@@ -464,7 +464,7 @@ def test_a_placement_the_server_cannot_honour_fails_before_any_compute(services,
     assert not c.search_runs([exp.experiment_id], f"tags.`edgeflow.prefect_flow_run_id` = '{fr.id}'")  # nothing started
 
 
-@pytest.mark.extended  # `make test-all` only: README, "Tests: what runs where"
+@pytest.mark.extended  # `make test-all` only: docs/development/tests.md
 def test_an_unchanged_rerun_is_cached_and_an_edited_recipe_recomputes_exactly_what_reads_it(services, tmp_path):
     """Stage cache keys hold the content of what a stage reads, not where it lies: the release on a copy of its recipe
     elsewhere is fully cached; editing that copy in place recomputes the variant's quantization and what depends on
@@ -544,7 +544,7 @@ def test_a_variant_quantized_elsewhere_is_adopted_built_gated_and_registered(ser
         assert versions["gptq-elsewhere"].tags["edgeflow.recipe"] == f"prequantized:{elsewhere}"
 
 
-@pytest.mark.extended  # `make test-all` only: README, "Tests: what runs where"
+@pytest.mark.extended  # `make test-all` only: docs/development/tests.md
 def test_gate_nobody_can_pass_keeps_aliases_recalibrates_and_reports(services, tmp_path):
     import yaml
     from mlflow import MlflowClient
@@ -580,7 +580,7 @@ def test_gate_nobody_can_pass_keeps_aliases_recalibrates_and_reports(services, t
     assert rows["mixed-w8attn-w4mlp"]["engine_precision"] == "fp32 (dequantized)" and not rows["mixed-w8attn-w4mlp"]["passed"]
 
 
-@pytest.mark.extended  # `make test-all` only: README, "Tests: what runs where"
+@pytest.mark.extended  # `make test-all` only: docs/development/tests.md
 def test_a_release_on_the_llama_cpp_engine_builds_gates_and_registers_gguf_variants(services, tmp_path):
     """The same chain with `engine.backend: llama_cpp`: distillation, calibration and quantization come from the
     first test's cache; each variant's GGUF engine is built and gated on the orin pool, and the report's engine
@@ -614,7 +614,7 @@ def test_a_release_on_the_llama_cpp_engine_builds_gates_and_registers_gguf_varia
     assert staging.tags["edgeflow.variant"] == report["staging"]
 
 
-@pytest.mark.extended  # `make test-all` only: README, "Tests: what runs where"
+@pytest.mark.extended  # `make test-all` only: docs/development/tests.md
 def test_calibration_overlapping_the_eval_set_fails_before_quantization(services, tmp_path):
     """Point the gate's chat eval set at the chat calibration source: the calibrate stage fails naming examples."""
     import yaml
@@ -717,7 +717,7 @@ def test_nightly_recalibration_without_logs_is_skipped_not_failed(services, tmp_
     assert report["status"] == "skipped" and "nightly.min_records=32" in report["reason"], report
 
 
-@pytest.mark.extended  # `make test-all` only: README, "Tests: what runs where"
+@pytest.mark.extended  # `make test-all` only: docs/development/tests.md
 def test_retry_in_the_prefect_ui_resumes_a_failed_release_without_recomputing(services, tmp_path):
     """Change only the calibration mix and make the last stage (deploy) fail: distill is reused, calibrate..register
     are recomputed once; then "Retry" in the real Prefect UI (headless Chromium) completes the same flow run
@@ -798,7 +798,7 @@ def test_retry_in_the_prefect_ui_resumes_a_failed_release_without_recomputing(se
     assert deploys[1].data.tags["edgeflow.error"]  # the failed attempt says why
 
 
-@pytest.mark.extended  # `make test-all` only: README, "Tests: what runs where"
+@pytest.mark.extended  # `make test-all` only: docs/development/tests.md
 def test_promotion_is_checked_and_rollback_serves_the_previous_version(services):
     """production needs a passing gate and a successful deployment; rollback-production puts `previous` back on
     `production` and on the device, and the stable port answers with it."""
