@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from prefect import flow, task
 
-from flows.stages import enter_stage, stored
+from flows.stages import Call, enter_stage
 from tasks.artifacts import ArtifactRef, sha256_json
 from tasks.config import CalibrationConfig
 from tasks.runs import ReleaseContext, content_key, stage_run
@@ -31,7 +31,7 @@ def build_calibration(
     key = sha256_json({"cfg": cfg.model_dump(), "sources": {d: r.sha256 for d, r in sources.items()}})[:16]
     out = profile.work / "artifacts" / "calibration" / key / "calibration.parquet"
     tok = AutoTokenizer.from_pretrained(materialize(student))
-    with stage_run(ctx, "calibrate" + (f"-attempt{attempt}" if attempt else ""), cfg.model_dump()) as (client, run_id):
+    with stage_run(ctx, run_name(attempt), cfg.model_dump()) as (client, run_id):
         stats = build_calibration_set(
             {d: materialize(r) for d, r in sources.items()}, cfg.ratios, cfg.total, cfg.max_tokens, cfg.seed, tok, out
         )
@@ -47,11 +47,21 @@ def build_calibration(
         return ref
 
 
+def run_name(attempt: int) -> str:
+    return "calibrate" + (f"-attempt{attempt}" if attempt else "")
+
+
+def calibration_call(ctx: ReleaseContext, student: ArtifactRef, attempt: int = 0) -> Call:
+    """The calibration set as the stage builds it: the attempt's settings, the published sources and eval sets."""
+    p = ctx.resolved()
+    sources = {d: ctx.input(path) for d, path in p.calibration.sources.items()}
+    eval_sets = {d: ctx.input(path) for d, path in p.gate.eval_sources.items()}
+    return Call(build_calibration, (student, p.calibration.for_attempt(attempt), sources, eval_sets, p.gate.num_prompts,
+                                    ctx, attempt), run_name(attempt))
+
+
 @flow(name="calibrate", log_prints=True)
 def calibrate(ctx: ReleaseContext, student: ArtifactRef, attempt: int = 0) -> ArtifactRef:
     """Published sources in, calibration Parquet out (attempt > 0: a larger recalibration set)."""
     enter_stage(ctx, "calibrate")
-    p = ctx.resolved()
-    sources = {d: ctx.input(path) for d, path in p.calibration.sources.items()}
-    eval_sets = {d: ctx.input(path) for d, path in p.gate.eval_sources.items()}
-    return stored(build_calibration, student, p.calibration.for_attempt(attempt), sources, eval_sets, p.gate.num_prompts, ctx, attempt)
+    return calibration_call(ctx, student, attempt).run()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from prefect import flow, task
 
-from flows.stages import enter_stage, stored
+from flows.stages import Call, enter_stage
 from tasks.artifacts import ArtifactRef
 from tasks.config import GateConfig
 from tasks.runs import ReleaseContext, content_key, stage_run
@@ -44,7 +44,7 @@ def gate_variants(
         size = c.meta.get("size_mb") or sum(f.stat().st_size for f in materialize(c).rglob("*.safetensors")) / 2**20
         variants.append({"name": c.meta.get("variant", "fp32"), "engine_dir": str(engine_dir), "size_mb": size,
                          "quantized": c.kind == "quantized", "checkpoint": c, "engine": e})
-    stage = "consistency" + (f"-attempt{attempt}" if attempt else "")
+    stage = run_name(attempt)
     with stage_run(ctx, stage, gate.model_dump() | {"backend": backend, "reference_sha256": reference.sha256}) as (client, run_id):
         rows, dists = run_gate(ref, variants, gate, backend)
         for v, row in zip(variants, rows):
@@ -93,11 +93,21 @@ def engine_precision(engine_dir) -> str:
     return read_meta(Path(engine_dir)).label
 
 
+def run_name(attempt: int) -> str:
+    return "consistency" + (f"-attempt{attempt}" if attempt else "")
+
+
 @flow(name="consistency", log_prints=True)
 def consistency(
     ctx: ReleaseContext, reference: ArtifactRef, checkpoints: list[ArtifactRef], engines: list[ArtifactRef], attempt: int = 0,
 ) -> ArtifactRef:
     """Stored reference and engines in, gate report out (on the host whose pool the engines were built for)."""
     enter_stage(ctx, "consistency")
+    return gate_call(ctx, reference, checkpoints, engines, attempt).run()
+
+
+def gate_call(ctx: ReleaseContext, reference: ArtifactRef, checkpoints: list[ArtifactRef], engines: list[ArtifactRef],
+              attempt: int = 0) -> Call:
+    """The gate as the stage runs it: reference, checkpoints and engines, with the gate settings and the backend."""
     p = ctx.resolved()
-    return stored(gate_variants, reference, checkpoints, engines, p.gate, p.engine.backend, ctx, attempt)
+    return Call(gate_variants, (reference, checkpoints, engines, p.gate, p.engine.backend, ctx, attempt), run_name(attempt))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from prefect import flow, task
 
-from flows.stages import enter_stage, stored
+from flows.stages import Call, enter_stage
 from tasks.artifacts import ArtifactRef, sha256_json
 from tasks.config import DistillConfig
 from tasks.model_source import ensure_teacher
@@ -44,7 +44,7 @@ def train_student(teacher: ArtifactRef, cfg: DistillConfig, corpora: list[Artifa
     tok = AutoTokenizer.from_pretrained(teacher_path)
     held_out_texts = eval_texts({k: materialize(v) for k, v in held_out.items()}, 24, tok)
     corpus_files = [materialize(c) for c in corpora]
-    params = cfg.model_dump() | {"teacher_sha256": teacher.sha256} | ({"student_from_sha256": student_from.sha256} if student_from else {})
+    params = cfg.model_dump() | {"teacher_sha256": teacher.sha256, "teacher_uri": teacher.uri} | ({"student_from_sha256": student_from.sha256} if student_from else {})
     spec, cache_root = cache_spec(cfg, teacher.sha256), teacher_cache_root(profile.work)
     with stage_run(ctx, "distill", params) as (client, run_id):
         log_training_set(client, run_id, dict(zip(cfg.corpora, corpus_files)))
@@ -71,13 +71,17 @@ def train_student(teacher: ArtifactRef, cfg: DistillConfig, corpora: list[Artifa
         return publish(client, run_id, out, "student", "student", meta=metrics | {TEACHER_META_KEY: teacher.model_dump()})
 
 
+def train_call(ctx: ReleaseContext, teacher: ArtifactRef) -> Call:
+    """The student's training as the stage calls it: the teacher, the distill settings and every file they read."""
+    p = ctx.resolved()
+    corpora = [ctx.input(c) for c in p.distill.corpora]
+    held_out = {d: ctx.input(path) for d, path in p.gate.eval_sources.items()}
+    student_from = ctx.input(p.distill.student_from) if p.distill.student_from else None
+    return Call(train_student, (teacher, p.distill, corpora, held_out, ctx, student_from), "distill")
+
+
 @flow(name="distill", log_prints=True)
 def distill(ctx: ReleaseContext) -> ArtifactRef:
     """Teacher in, trained student out."""
     enter_stage(ctx, "distill")
-    p = ctx.resolved()
-    teacher = resolve_teacher(ctx)
-    corpora = [ctx.input(c) for c in p.distill.corpora]
-    held_out = {d: ctx.input(path) for d, path in p.gate.eval_sources.items()}
-    student_from = ctx.input(p.distill.student_from) if p.distill.student_from else None
-    return stored(train_student, teacher, p.distill, corpora, held_out, ctx, student_from)
+    return train_call(ctx, resolve_teacher(ctx)).run()

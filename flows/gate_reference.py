@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from prefect import flow, task
 
-from flows.stages import enter_stage, stored
+from flows.stages import Call, enter_stage
 from tasks.artifacts import ArtifactRef
 from tasks.config import GateConfig
 from tasks.runs import ReleaseContext, content_key, stage_run
@@ -51,7 +51,7 @@ def fp_reference(
     seqs = tokenize(texts, tok, gate.max_tokens)
     speed_text = tok.apply_chat_template([{"role": "user", "content": SPEED_QUESTION}], add_generation_prompt=True, tokenize=False)
     quantized = {c.meta["variant"]: materialize(c) for c in checkpoints if c.kind == "quantized"}
-    stage = "gate-reference" + (f"-attempt{attempt}" if attempt else "")
+    stage = run_name(attempt)
     with stage_run(ctx, stage, {"num_prompts": gate.num_prompts, "max_tokens": gate.max_tokens,
                                 "reference_top_k": gate.reference_top_k, "student_sha256": student.sha256}) as (client, run_id):
         ref = compute_reference(
@@ -66,12 +66,22 @@ def fp_reference(
                        meta={k: ref.meta[k] for k in ("top_k", "tail_mass_mean", "eval_prompts", "eval_positions")})
 
 
+def run_name(attempt: int) -> str:
+    return "gate-reference" + (f"-attempt{attempt}" if attempt else "")
+
+
 @flow(name="gate-reference", log_prints=True)
 def gate_reference(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef, checkpoints: list[ArtifactRef],
                    attempt: int = 0) -> ArtifactRef:
     """FP student and checkpoints in, the gate's stored reference out."""
     enter_stage(ctx, "gate_reference")
+    return reference_call(ctx, student, calibration, checkpoints, attempt).run()
+
+
+def reference_call(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef, checkpoints: list[ArtifactRef],
+                   attempt: int = 0) -> Call:
+    """The FP reference as the stage computes it: the published eval sets and the gate settings it reads."""
     p = ctx.resolved()
     eval_sets = {d: ctx.input(path) for d, path in p.gate.eval_sources.items()}
     settings = p.gate.model_dump(include=set(REFERENCE_FIELDS))
-    return stored(fp_reference, student, calibration, checkpoints, eval_sets, settings, ctx, attempt)
+    return Call(fp_reference, (student, calibration, checkpoints, eval_sets, settings, ctx, attempt), run_name(attempt))

@@ -10,6 +10,7 @@ deployed first and promoted through the same checks as a manual promotion.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -151,7 +152,7 @@ def promote_if_better(profile: str, registry: dict, base: dict, deploy: str) -> 
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=os.environ.pop("EDGEFLOW_PROG", None), description=__doc__.split("\n")[0])
     ap.add_argument("--profile", default="configs/demo-cpu.yaml")
     ap.add_argument("--logs-dir", help="Read this folder instead of the store's shipped segments (nightly.logs_source).")
     ap.add_argument("--until", help="Window end, ISO 8601 (default now).")

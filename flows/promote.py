@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Literal
 
 from prefect import flow, task
@@ -65,7 +66,7 @@ def rollback_production(profile: str, deploy: Literal["pool", "inline", "none"] 
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog=os.environ.pop("EDGEFLOW_PROG", None), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="configs/demo-cpu.yaml")
     ap.add_argument("--version", default=None, help="version number or alias (default for production: the `staging` version)")
     ap.add_argument("--to", default="staging", choices=["staging", "production"])

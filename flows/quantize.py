@@ -4,9 +4,12 @@ Tiny CPU run (with services up): python -m flows.release --profile configs/test-
 """
 from __future__ import annotations
 
-from prefect import flow, task, unmapped
+from collections.abc import Callable
+from pathlib import Path
 
-from flows.stages import enter_stage, refreshed_if_missing
+from prefect import flow, task
+
+from flows.stages import Call, enter_stage, refreshed_if_missing
 from tasks.artifacts import ArtifactRef, sha256_json
 from tasks.config import VariantConfig
 from tasks.runs import ReleaseContext, content_key, stage_run
@@ -31,8 +34,7 @@ def quantize_variant(
     ids = pq.read_table(materialize(calibration), columns=["input_ids"]).column("input_ids").to_pylist()
     if variant.calibration_samples:
         ids = ids[: variant.calibration_samples]
-    stage = f"quantize-{variant.name}" + (f"-attempt{attempt}" if attempt else "")
-    with stage_run(ctx, stage, variant.model_dump() | {"calibration_sha256": calibration.sha256}) as (client, run_id):
+    with stage_run(ctx, run_name(variant, attempt), variant.model_dump() | {"calibration_sha256": calibration.sha256}) as (client, run_id):
         info = quantize(materialize(student), recipe, ids, out, slot)
         client.log_dict(run_id, info["weight_error"], "weight_error.json")
         client.log_dict(run_id, recipe, "recipe.yaml")
@@ -52,8 +54,7 @@ def adopt_variant(student: ArtifactRef, checkpoint: ArtifactRef, variant: Varian
     profile = ctx.resolved()
     key = sha256_json({"student": student.sha256, "checkpoint": checkpoint.sha256, "v": variant.model_dump()})[:16]
     out = profile.work / "artifacts" / "quantized" / f"{variant.name}-{key}"
-    stage = f"quantize-{variant.name}" + (f"-attempt{attempt}" if attempt else "")
-    with stage_run(ctx, stage, variant.model_dump() | {"checkpoint_sha256": checkpoint.sha256}) as (client, run_id):
+    with stage_run(ctx, run_name(variant, attempt), variant.model_dump() | {"checkpoint_sha256": checkpoint.sha256}) as (client, run_id):
         info = adopt(materialize(student), materialize(checkpoint), out)
         client.log_dict(run_id, info["weight_error"], "weight_error.json")
         client.log_metric(run_id, "size_mb", info["size_mb"])
@@ -61,13 +62,17 @@ def adopt_variant(student: ArtifactRef, checkpoint: ArtifactRef, variant: Varian
                        meta={"variant": variant.name, "recipe": f"prequantized:{variant.prequantized}", **info})
 
 
-@flow(name="quantize", log_prints=True)
-def quantize(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef, attempt: int = 0) -> list[ArtifactRef]:
-    """Student and calibration set in, one compressed checkpoint per variant out."""
+def run_name(variant: VariantConfig, attempt: int) -> str:
+    return f"quantize-{variant.name}" + (f"-attempt{attempt}" if attempt else "")
+
+
+def variant_calls(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef, attempt: int = 0,
+                  open_input: Callable[[ArtifactRef], Path] | None = None) -> list[Call]:
+    """One call per variant of this attempt, as the stage makes them: a variant quantized elsewhere is adopted, the
+    others quantized with their recipe (read through `open_input`, the store by default) in slots of max_parallel."""
     from tasks.quantize import load_recipe
     from tasks.store import materialize
 
-    enter_stage(ctx, "quantize")
     p = ctx.resolved()
     variants = [
         # a recalibration attempt also scales a variant's own sample cap (e.g. AWQ's 16 on the CPU demo)
@@ -75,33 +80,41 @@ def quantize(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef
         # attempt k also tries the k first less aggressive fallbacks (mixed W8/W4, then W8A16, …)
         for v in p.quantize.variants + p.quantize.fallback_variants[:attempt]
     ]
-    adopted = {}  # quantized elsewhere: checked and imported, no oneshot
-    for v in variants:
+    read = open_input or materialize
+    calls, slot = [], 0
+    for v in variants:  # in the profile's order, the order of the checkpoints the stage hands on
         if v.prequantized is not None:
-            ref = adopt_variant(student, ctx.input(v.prequantized), v, ctx, attempt)
-            # a cached result whose checkpoint the store lost is adopted again
-            adopted[v.name] = refreshed_if_missing(ref, adopt_variant, student, ctx.input(v.prequantized), v, ctx, attempt)
-    variants = [v for v in variants if v.prequantized is None]
-    recipes = [load_recipe(materialize(ctx.input(v.recipe)), p.quantize.recipe_overrides) for v in variants]
+            calls.append(Call(adopt_variant, (student, ctx.input(v.prequantized), v, ctx, attempt), run_name(v, attempt)))
+            continue
+        recipe = load_recipe(read(ctx.input(v.recipe)), p.quantize.recipe_overrides)
+        calls.append(Call(quantize_variant, (student, calibration, v, recipe, ctx, attempt, slot % p.quantize.max_parallel),
+                          run_name(v, attempt)))
+        slot += 1
+    return calls
+
+
+@flow(name="quantize", log_prints=True)
+def quantize(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef, attempt: int = 0) -> list[ArtifactRef]:
+    """Student and calibration set in, one compressed checkpoint per variant out."""
+    enter_stage(ctx, "quantize")
+    p = ctx.resolved()
+    calls = variant_calls(ctx, student, calibration, attempt)
+    # quantized elsewhere: checked and imported, no oneshot (a cached result whose checkpoint the store lost is adopted again)
+    refs = [c.run() for c in calls if c.task is adopt_variant]
+    quantizing = [c for c in calls if c.task is quantize_variant]
     # Variants are mapped tasks: a GPU worker runs max_parallel of them at once, one GPU each. The
     # CPU profiles keep max_parallel at 1 because parallel variants would only share the same cores.
-    refs: list[ArtifactRef] = []
-    for start in range(0, len(variants), p.quantize.max_parallel):
-        batch = slice(start, start + p.quantize.max_parallel)
+    for start in range(0, len(quantizing), p.quantize.max_parallel):
+        batch = quantizing[start:start + p.quantize.max_parallel]
         if p.quantize.max_parallel == 1:
             # One at a time: in this thread, not in the task runner's. Inline stages share one process, and after
             # distill has trained here, oneshot in a new thread ran a third slower than in this one (gptq-w4a16 on 64
             # sequences: 130 s against 99 s, benchmarks/quantize_time.py --train-steps 8 [--thread]; in the demo
             # 96-107 s, against 60-70 s alone). BENCHMARKS.md "Quantization in the flow's thread".
-            done = [quantize_variant(student, calibration, variants[start], recipes[start], ctx, attempt, 0)]
-        else:
-            done = quantize_variant.map(
-                unmapped(student), unmapped(calibration), variants[batch], recipes[batch], unmapped(ctx),
-                unmapped(attempt), list(range(len(variants[batch]))),
-            ).result()
-        for i, ref in enumerate(done):
-            # a cached result whose checkpoint the store lost is quantized again
-            refs.append(refreshed_if_missing(ref, quantize_variant, student, calibration, variants[start + i],
-                                             recipes[start + i], ctx, attempt, i))
+            done = [quantize_variant(*batch[0].args)]
+        else:  # each parameter as a list, one value per variant of the batch
+            done = quantize_variant.map(*[list(column) for column in zip(*(c.args for c in batch))]).result()
+        # a cached result whose checkpoint the store lost is quantized again
+        refs += [refreshed_if_missing(ref, c.task, *c.args) for ref, c in zip(done, batch)]
     order = [v.name for v in p.quantize.variants + p.quantize.fallback_variants[:attempt]]
-    return sorted(refs + list(adopted.values()), key=lambda r: order.index(r.meta["variant"]))
+    return sorted(refs, key=lambda r: order.index(r.meta["variant"]))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prefect import flow, task
 
-from flows.stages import enter_stage
+from flows.stages import Call, enter_stage
 from tasks.artifacts import MANIFEST, ArtifactRef, write_manifest
 from tasks.runs import ReleaseContext, content_key, stage_run
 
@@ -101,8 +101,21 @@ def register_passing(
     }
 
 
+def lineage_of(student: ArtifactRef, calibration: ArtifactRef) -> dict[str, ArtifactRef]:
+    """What a registered version records it came from: the teacher (as the student's run recorded it), the student and
+    the calibration set."""
+    from tasks.lineage import teacher_of
+
+    return {"teacher": teacher_of(student), "student": student, "calibration": calibration}
+
+
+def register_call(ctx: ReleaseContext, gate_report: ArtifactRef, lineage: dict[str, ArtifactRef]) -> Call:
+    """The registration as the stage makes it (its result is the registry's answer, not an artifact)."""
+    return Call(register_passing, (gate_report, lineage, ctx, ctx.resolved().registry.model_name), "register")
+
+
 @flow(name="register", log_prints=True)
 def register(ctx: ReleaseContext, gate_report: ArtifactRef, lineage: dict[str, ArtifactRef]) -> dict:
     """Gate report in, registered versions and the `staging` alias out."""
     enter_stage(ctx, "register")
-    return register_passing(gate_report, lineage, ctx, ctx.resolved().registry.model_name)
+    return register_passing(*register_call(ctx, gate_report, lineage).args)

@@ -8,6 +8,7 @@ flows/chain.py, the MLflow runs in tasks/runs.py, the report in tasks/report.py.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Literal
 
 from prefect import flow, task
@@ -15,7 +16,7 @@ from prefect import flow, task
 from flows.chain import open_release, quantize_and_gate, run_deploy_on_pool, summarize_attempt
 from flows.deploy_edge import deploy_edge
 from flows.distill import distill
-from flows.register import register
+from flows.register import lineage_of, register
 from flows.stages import check_placement, run_stage
 from tasks.artifacts import ArtifactRef
 from tasks.config import load_profile
@@ -43,11 +44,7 @@ def release(profile: str = "configs/demo-cpu.yaml", deploy: Literal["pool", "inl
     ctx = open_release(profile)
     student = run_stage(ctx, "distill", distill)
     gate_report, calibration, attempts = quantize_and_gate(ctx, student)
-    from tasks.lineage import teacher_of  # here, not at the top: it imports mlflow (3-6 s), which `prefect deploy` need not
-
-    teacher = teacher_of(student)
-    registry = run_stage(ctx, "register", register, gate_report=gate_report,
-                         lineage={"teacher": teacher, "student": student, "calibration": calibration})
+    registry = run_stage(ctx, "register", register, gate_report=gate_report, lineage=lineage_of(student, calibration))
     deployed = None
     if registry["staging"] and deploy == "pool":
         deployed = run_deploy_on_pool(profile, "staging")
@@ -65,7 +62,7 @@ class GateFailed(RuntimeError):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(prog=os.environ.pop("EDGEFLOW_PROG", None), description=__doc__)
     ap.add_argument("--profile", default="configs/demo-cpu.yaml")
     ap.add_argument("--deploy", default="inline", choices=["pool", "inline", "none"])
     a = ap.parse_args()

@@ -15,6 +15,7 @@ moves through the checked promotion (flows/promote.py). State is persisted after
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from prefect import flow, task
@@ -266,7 +267,7 @@ def probe_edge(profile: str, version: str) -> dict:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog=os.environ.pop("EDGEFLOW_PROG", None), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="configs/demo-cpu.yaml")
     ap.add_argument("--version", default=None)
     ap.add_argument("--alias", default="staging")

@@ -9,10 +9,11 @@ that ran it, and its result comes back through the configured result storage. Wh
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from tasks.codeversion import require_same_code
-from tasks.runs import ReleaseContext
+from tasks.runs import ReleaseContext, task_key
 
 # Stage -> the deployment prefect.yaml defines for it ("<flow name>/<deployment name>").
 DEPLOYMENTS = {
@@ -117,3 +118,20 @@ def refreshed_if_missing(out, task_fn, *args, **kwargs):
         return out
     print(f"{task_fn.name}: cached result names artifacts missing from the store ({missing[:3]}); computing it again")
     return task_fn.with_options(refresh_cache=True)(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One cached task call of a stage, built by the stage's own function from its inputs (e.g. flows/distill.py
+    train_call): the stage runs it, `edgeflow plan` (tasks/plan.py) looks its key up. `run_name` is the stage's MLflow
+    run (tag edgeflow.stage), whose cache_inputs.json says what the last computation of it hashed."""
+
+    task: Any
+    args: tuple
+    run_name: str
+
+    def key(self) -> str:
+        return task_key(self.task, *self.args)
+
+    def run(self) -> Any:
+        return stored(self.task, *self.args)

@@ -268,7 +268,7 @@ def down() -> None:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="services.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog=os.environ.pop("EDGEFLOW_PROG", "services.py"), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", metavar="{up,down,env}")
     sub.add_parser("up", help="start what does not already answer (idempotent)", description=__doc__,
                    formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -158,7 +159,7 @@ def _flag(name: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m serving.server",
+        prog=os.environ.pop("EDGEFLOW_PROG", "python -m serving.server"),
         description="Serve one edgeflow engine over an OpenAI-compatible HTTP API.",
     )
     p.add_argument("--engine", type=Path, required=True, help="Engine directory (engine.json + tokenizer files).")

@@ -12,6 +12,7 @@ with one message naming the argument or field and the fix, never a traceback. Ou
 from __future__ import annotations
 
 import difflib
+import os
 import runpy
 import sys
 import warnings
@@ -57,6 +58,9 @@ COMMANDS: dict[str, Command] = {
                       "edgeflow follow 463cb435-858f-4cec-ba4e-2cbd20398b5d", services=True),
     "serve": Command("serving.server", "serve an engine directory (OpenAI-compatible API, chat page, metrics)",
                      "edgeflow serve .edgeflow/device/versions/v2-51b54769b790/engine --port 8001", positional="--engine"),
+    "plan": Command("tasks.plan", "what a release of a profile would compute, reuse from the cache and fetch, and where, "
+                    "without running anything", "edgeflow plan configs/demo-cpu.yaml", positional="--profile", profile=True,
+                    services=True),
     "report": Command("tasks.cli", "print a release's report (reports/RELEASE.md)", "edgeflow report demo-cpu-20261205-044221-463cb435"),
     "envcheck": Command("tasks.envcheck", "check this host against an image target (CUDA, TensorRT, Jetson)",
                         "edgeflow envcheck --target cpu"),
@@ -119,7 +123,6 @@ def _profile_arg(args: list[str]) -> str:
 def _services_env() -> None:
     """The environment `edgeflow up` gives its servers' clients (scripts/services.py env), where none is set yet."""
     import importlib.util
-    import os
 
     spec = importlib.util.spec_from_file_location("edgeflow_services", REPO_ROOT / "scripts" / "services.py")
     module = importlib.util.module_from_spec(spec)
@@ -129,11 +132,13 @@ def _services_env() -> None:
 
 
 def _run(cmd: Command, name: str, args: list[str]) -> int:
-    if cmd.positional and args and not args[0].startswith("-"):
-        args = [cmd.positional, *args]
     argv = [f"edgeflow {name}", *cmd.fixed, *args]
     saved = sys.argv
     sys.argv = argv
+    # runpy sets argv[0] to the module's file; the entry point's parser takes its name from here instead (and pops
+    # it, so nothing the entry point starts inherits it)
+    # (a fixed subcommand of the entry point, as in `edgeflow up`, names itself after "edgeflow")
+    os.environ["EDGEFLOW_PROG"] = "edgeflow" if cmd.fixed and not cmd.fixed[0].startswith("-") else f"edgeflow {name}"
     try:
         with warnings.catch_warnings():  # runpy's note that the module was imported before (tasks/config.py imports some)
             warnings.filterwarnings("ignore", category=RuntimeWarning, message=".*found in sys.modules")
@@ -149,6 +154,7 @@ def _run(cmd: Command, name: str, args: list[str]) -> int:
         return EXIT_FAILED
     finally:
         sys.argv = saved
+        os.environ.pop("EDGEFLOW_PROG", None)
     return EXIT_OK
 
 
@@ -180,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     if name == "report":
         return report(args)
+    if cmd.positional and args and not args[0].startswith("-"):
+        args = [cmd.positional, *args]  # serve ENGINE_DIR -> --engine ENGINE_DIR, plan PROFILE -> --profile PROFILE
     if "-h" in args or "--help" in args:
         print(f"example: {cmd.example}\n")
     try:

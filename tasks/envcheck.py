@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in argv:
         i = argv.index("--")
         argv, command = argv[:i], argv[i + 1:]
-    ap = argparse.ArgumentParser(prog="python -m tasks.envcheck", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=os.environ.pop("EDGEFLOW_PROG", "python -m tasks.envcheck"), description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", choices=TARGETS, default=os.environ.get(TARGET_ENV) or None,
                     help=f"image target (default ${TARGET_ENV})")
     ap.add_argument("--json", action="store_true", help="print one JSON object: target, ok, problems, notes, fingerprint")

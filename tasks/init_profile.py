@@ -14,6 +14,7 @@ written; a model edgeflow cannot run is refused, naming why.
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import re
 import sys
@@ -204,7 +205,7 @@ def write(model: str, out: Path, name: str | None = None, hosts: list[str] | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="edgeflow init", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=os.environ.pop("EDGEFLOW_PROG", "edgeflow init"), description=__doc__.split("\n")[0])
     ap.add_argument("model", help="a model directory (config.json, weights, tokenizer) or a hub id in the offline cache")
     ap.add_argument("--out", type=Path, required=True, help="the profile to write (e.g. configs/my-model.yaml)")
     ap.add_argument("--name", help="profile and registered-model name (default: from MODEL)")

@@ -337,6 +337,30 @@ def _remember(converted: Path, kept: Path) -> None:
         pass
 
 
+def resolved_teacher(profile: Profile) -> ArtifactRef | None:
+    """The teacher's reference when this host has the teacher already (a local directory, the hub cache, a converted
+    GGUF in the work directory or the machine cache); None when resolving it would download or convert (what the
+    distill stage's host does on first use). `edgeflow plan` keys the distill stage with it."""
+    cfg = profile.teacher
+    if cfg.source == "local":
+        return ensure_teacher(profile) if cfg.path and Path(cfg.path).is_dir() else None
+    if cfg.source == "hub":
+        try:
+            teacher_dir(profile)  # the offline cache only
+        except Exception:  # noqa: BLE001 - not in the cache (or no hub client): not on this host
+            return None
+        return ensure_teacher(profile)
+    gguf = profile.work / "cache" / "gguf" / cfg.gguf_name
+    if not gguf.exists():
+        return None
+    template = profile.resolve(cfg.chat_template).read_text() if cfg.chat_template else None
+    name = f"teacher-{conversion_key(sha256_file(gguf), template)}"
+    machine = model_cache()
+    if (profile.work / "models" / name / "model.safetensors").exists() or (machine and cached_teacher(machine / name)):
+        return ensure_teacher(profile)
+    return None
+
+
 def ensure_teacher(profile: Profile) -> ArtifactRef:
     """The teacher's reference (source URI + content hash), resolved into teacher_dir on this host."""
     cfg = profile.teacher

@@ -534,7 +534,7 @@ def page_drill(engine_dir: Path, work: Path, model_name: str = "edge", echo: boo
 # --------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tasks.monitoring", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=os.environ.pop("EDGEFLOW_PROG", "python -m tasks.monitoring"), description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("check", help="promtool and amtool on infra/prometheus and infra/alertmanager")
     s = sub.add_parser("sink", help="record every notification Alertmanager sends (the default webhook receiver)")

@@ -18,6 +18,7 @@ three small reads a second (against a release of minutes).
 """
 from __future__ import annotations
 
+import os
 import logging
 import sys
 import time
@@ -150,7 +151,7 @@ def follow(flow_run_id: UUID | str, poll_s: float = 1.0, out: Any = None) -> Any
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m tasks.progress", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=os.environ.pop("EDGEFLOW_PROG", "python -m tasks.progress"), description=__doc__.split("\n")[0])
     ap.add_argument("flow_run_id", type=UUID, help="the flow run to follow (the Prefect UI's run page shows its id)")
     ap.add_argument("--poll-s", type=float, default=1.0, help="seconds between reads of the Prefect API (default 1)")
     a = ap.parse_args(argv)

@@ -89,11 +89,25 @@ PLACEMENT_PARAMETERS = frozenset({"slot"})
 CACHE_GENERATION = "v2"
 
 
+def cache_inputs(parameters: dict[str, Any]) -> dict[str, Any]:
+    """What of a task call's parameters its cache key hashes: profile fields and upstream sha256s, no placement."""
+    return _stable({k: v for k, v in parameters.items() if k not in PLACEMENT_PARAMETERS})
+
+
 def content_key(context, parameters: dict[str, Any]) -> str:
     """Prefect cache key: task name + profile fields + upstream sha256s, so a retry or re-run reuses
     a stage whose inputs did not change, across flow runs, and recomputes it when they did."""
-    content = {k: v for k, v in parameters.items() if k not in PLACEMENT_PARAMETERS}
-    return f"{context.task.name}-{CACHE_GENERATION}-{sha256_json(_stable(content))[:32]}"
+    return f"{context.task.name}-{CACHE_GENERATION}-{sha256_json(cache_inputs(parameters))[:32]}"
+
+
+def task_key(task, *args, **kwargs) -> str:
+    """The key Prefect computes when `task(*args, **kwargs)` runs: its own binding of the call (defaults applied),
+    then content_key. `edgeflow plan` reads the result store under it."""
+    from types import SimpleNamespace
+
+    from prefect.utilities.callables import get_call_parameters
+
+    return content_key(SimpleNamespace(task=task), get_call_parameters(task.fn, args, kwargs))
 
 
 
@@ -182,6 +196,7 @@ def stage_run(ctx: ReleaseContext, stage: str, params: dict | None = None) -> It
     run_id = run.info.run_id
     for k, v in (params or {}).items():
         client.log_param(run_id, k, str(v)[:6000])
+    _record_cache_inputs(client, run_id)
     peak = _PeakRSS()
     t0 = time.perf_counter()
     try:
@@ -193,6 +208,18 @@ def stage_run(ctx: ReleaseContext, stage: str, params: dict | None = None) -> It
     client.log_metric(run_id, "stage_wall_s", time.perf_counter() - t0)
     client.log_metric(run_id, "stage_peak_rss_mb", peak.mb)
     client.set_terminated(run_id, "FINISHED")
+
+
+def _record_cache_inputs(client, run_id: str) -> None:
+    """Inside a cached task: its cache key (tag edgeflow.cache_key) and what the key hashed (cache_inputs.json), so
+    `edgeflow plan` can say which input of a stage changed since this run."""
+    from prefect.context import TaskRunContext
+
+    task_run = TaskRunContext.get()
+    if task_run is None or task_run.task.cache_key_fn is not content_key:
+        return
+    client.set_tag(run_id, "edgeflow.cache_key", content_key(task_run, task_run.parameters))
+    client.log_text(run_id, json.dumps(cache_inputs(task_run.parameters), sort_keys=True, default=str), "cache_inputs.json")
 
 
 def host_tags() -> dict[str, str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tasks.fleet", description=__doc__.splitlines()[0] if __doc__ else None)
+    ap = argparse.ArgumentParser(prog=os.environ.pop("EDGEFLOW_PROG", "python -m tasks.fleet"), description=__doc__.splitlines()[0] if __doc__ else None)
     sub = ap.add_subparsers(dest="cmd", required=True)
     ls = sub.add_parser("list", help="print the inventory")
     ls.add_argument("--pool", default=None)

@@ -116,17 +116,56 @@ def stage_flow_runs(release_id: str) -> dict[str, list]:
     return out
 
 
+def edgeflow_plan(profile: str) -> dict:
+    """`edgeflow plan PROFILE --json` in its own process, against the test servers (their environment)."""
+    out = subprocess.run([sys.executable, "-m", "tasks.cli", "plan", profile, "--json"], cwd=REPO, capture_output=True,
+                         text=True, timeout=300, env=os.environ)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def stage_run_of(c, release_id: str, run_name: str) -> str:
+    """The id of a release's stage run (tag edgeflow.stage) in the release experiment."""
+    exp = c.get_experiment_by_name("edgeflow-release")
+    [run] = c.search_runs([exp.experiment_id], f"tags.`edgeflow.release_id` = '{release_id}' and tags.`edgeflow.stage` = '{run_name}'")
+    return run.info.run_id
+
+
 def test_release_deployment_registers_stages_and_serves(services, tmp_path):
     import mlflow.artifacts
+    import yaml
     from mlflow import MlflowClient
     from openai import OpenAI
 
-    from tasks.config import load_profile
+    from tasks.config import STAGES, load_profile
 
     profile = load_profile(REPO / "configs" / "test-tiny.yaml")
     fr = run_deployment("release/release", parameters={"profile": "configs/test-tiny.yaml", "deploy": "pool"}, timeout=1800)
     assert fr.state.is_completed(), f"release ended {fr.state.type}: {fr.state.message}"
     report = fr.state.result()
+
+    # `edgeflow plan` after the release: every task call cached, under the keys the release's tasks ran with
+    plan = edgeflow_plan("configs/test-tiny.yaml")
+    assert plan["services"] == {"prefect": "ok", "mlflow": "ok"} and plan["problems"] == []
+    calls = [c for s in plan["stages"] for c in s["calls"]]
+    assert [s["stage"] for s in plan["stages"]] == list(STAGES) and len(calls) == 1 + 1 + 2 + 3 + 1 + 1 + 1
+    assert {c["status"] for c in calls} == {"cached"}, [(c["run"], c["status"], c["why"]) for c in calls]
+    c = MlflowClient(services["MLFLOW_TRACKING_URI"])
+    for call in calls:  # the key each stage's task recorded from inside its run (tag edgeflow.cache_key)
+        run = c.get_run(stage_run_of(c, report["release_id"], call["run"]))
+        assert run.data.tags["edgeflow.cache_key"] == call["key"], call["run"]
+    assert plan["stages"][1]["calls"][0]["output"]["bytes"] > 0  # what a later stage fetches, with its size
+    # an eval file edited: distill, which reads it, is computed, and names it; everything after it follows
+    edited = tmp_path / "chat.jsonl"
+    extra = {"messages": [{"role": "user", "content": "One more question?"}, {"role": "assistant", "content": "Yes."}]}
+    edited.write_text((REPO / "data" / "eval" / "chat.jsonl").read_text() + json.dumps(extra) + "\n")
+    data = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
+    data.setdefault("gate", {})["eval_sources"] = profile.gate.eval_sources | {"chat": str(edited)}
+    (tmp_path / "edited.yaml").write_text(yaml.safe_dump(data))
+    plan = edgeflow_plan(str(tmp_path / "edited.yaml"))
+    [distill] = plan["stages"][0]["calls"]
+    assert distill["status"] == "compute" and any(f"{edited} (the profile's file) changed" in w for w in distill["why"]), distill
+    assert {c["status"] for s in plan["stages"][1:] for c in s["calls"]} == {"after distill"}
 
     # the terminal view `make demo` shows, read from the API: every stage (pool-placed ones too) started and ended,
     # and the long loops' progress artifacts, which the stages' workers wrote, at 100 %
@@ -485,12 +524,17 @@ def test_an_unchanged_rerun_is_cached_and_an_edited_recipe_recomputes_exactly_wh
     assert fr.state.is_completed(), fr.state.message
     assert _stage_runs(c) == before, "an unchanged release recomputed a stage"
 
+    assert {c["status"] for s in edgeflow_plan(str(path))["stages"] for c in s["calls"]} == {"cached"}
+
     recipe.write_text(recipe.read_text().replace("dampening_frac: 0.01", "dampening_frac: 0.02"))  # in place
+    plan = {c["run"]: c for s in edgeflow_plan(str(path))["stages"] for c in s["calls"]}
+    assert any("dampening_frac: 0.01 → 0.02" in w for w in plan["quantize-gptq-w4a16"]["why"]), plan["quantize-gptq-w4a16"]
     fr = run_deployment("release/release", parameters={"profile": str(path), "deploy": "none"}, timeout=1800)
     assert fr.state.is_completed(), fr.state.message
     after = _stage_runs(c)
     changed = {s for s in after if after[s] != before.get(s, 0)}
     assert changed == {"quantize-gptq-w4a16", "build-engine-gptq-w4a16", "gate-reference", "consistency", "register"}, changed
+    assert changed == {run for run, call in plan.items() if call["status"] != "cached"}  # what the plan said, exactly
     assert all(after[s] == before.get(s, 0) + 1 for s in changed)
 
 

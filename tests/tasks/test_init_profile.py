@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,19 @@ def test_init_on_the_converted_smollm2_teacher_writes_a_profile_that_loads(teach
     assert p.placement.where("register") == "cpu"
     assert p.calibration.ratios == {"chat": 5, "wiki": 3, "math": 2}
     assert sum(line.lstrip().startswith("#") for line in text.splitlines()) >= 10  # every choice explained
+
+    # `edgeflow plan` takes it: every stage planned, distill keyed on the local teacher (no servers here: exit 1, named)
+    from tests.live_server import _free_port
+
+    dead = f"http://127.0.0.1:{_free_port()}"
+    r = subprocess.run([str(EDGEFLOW), "plan", str(out), "--json"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
+                       env=os.environ | {"PREFECT_API_URL": f"{dead}/api", "MLFLOW_TRACKING_URI": dead,
+                                         "PREFECT_LOCAL_STORAGE_PATH": str(tmp_path / "results")})
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    plan = json.loads(r.stdout)
+    assert [s["where"] for s in plan["stages"]] == ["a100", "cpu", "a100", "orin", "a100", "orin", "cpu"]
+    [distill] = plan["stages"][0]["calls"]
+    assert distill["status"] == "compute" and distill["key"].startswith("train_student-v2-")
 
 
 def _tiny_qwen(root: Path, hidden: int, intermediate: int, model_type: str = "qwen2") -> Path:
