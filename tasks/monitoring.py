@@ -447,7 +447,7 @@ class DrillResult:
 
 # The drill's timings: the shipped rules and routes at 1/20 of their durations (`for: 1m` is 3 s, group_wait 10 s
 # is 0.5 s), a 1 s scrape, and a watchdog and liveness check slower than the scaled `for:`, so the page goes out
-# before the restart heals it (with the shipped durations the restart comes first; README, "Alerts").
+# before the restart heals it (with the shipped durations the restart comes first; docs/how-to/monitoring.md).
 DRILL_SCALE = 1 / 20
 DRILL_SCRAPE_S = 1.0
 DRILL_WATCHDOG_S = 10.0

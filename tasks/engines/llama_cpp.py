@@ -1,7 +1,7 @@
 """build(Path("ckpt"), Path("eng"), {}); s = load(Path("eng")); print(list(generate(s, [1, 9690], 8, [2])))
 
 llama.cpp engine backend: one GGUF file written from an edgeflow checkpoint, run by llama.cpp through
-llama-cpp-python (built from its sdist at install; see README "Engines").
+llama-cpp-python (built from its sdist at install; see docs/concepts/engines.md).
 
 What it does, per interface function (see `tasks/engines/__init__.py`):
 

@@ -118,7 +118,7 @@ def load_device(path: Path | None = None, required: bool = False) -> DeviceConfi
         if required:
             raise FileNotFoundError(
                 f"no device config at {path}; write one (id, pool, tags, deploy) or point ${DEVICE_CONFIG_ENV} at it "
-                "(README: Fleet)"
+                "(docs/how-to/fleet.md)"
             )
         return None
     try:

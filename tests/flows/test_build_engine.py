@@ -21,15 +21,17 @@ def _ctx() -> ReleaseContext:
                           settings=load_profile(PROFILE).settings(), code=code_identity())
 
 
-def test_build_engine_passes_the_backends_build_identity(monkeypatch) -> None:
-    seen = []
-    monkeypatch.setattr(stage, "stored", lambda task, *args: task(*args))
-    monkeypatch.setattr(stage, "build_one", lambda c, engine, name, ctx, builder: seen.append((name, builder)) or c)
+def test_build_engine_passes_the_backends_build_identity() -> None:
+    """The stage's calls (flows/build_engine.py engine_calls, what it runs and `edgeflow plan` keys): one per checkpoint,
+    named by its variant, with the backend's build identity in the key."""
     ckpts = [ArtifactRef(kind="student", uri="mlflow-artifacts:/x", sha256="a" * 64),
              ArtifactRef(kind="quantized", uri="mlflow-artifacts:/y", sha256="b" * 64, meta={"variant": "awq"})]
-    stage.build_engine.fn(_ctx(), ckpts)
+    calls = stage.engine_calls(_ctx(), ckpts)
     assert load_profile(PROFILE).engine.backend == "cpu_native"
-    assert seen == [("fp32", cpu_native.build_identity()), ("awq", cpu_native.build_identity())]
+    assert [(c.task, c.args[2], c.args[4]) for c in calls] == [(stage.build_one, "fp32", cpu_native.build_identity()),
+                                                               (stage.build_one, "awq", cpu_native.build_identity())]
+    assert [c.run_name for c in calls] == ["build-engine-fp32", "build-engine-awq"]
+    assert calls[0].key() != calls[1].key() and calls[0].key().startswith("build_one-v2-")
 
 
 def test_a_new_kernel_or_format_changes_the_cache_key(monkeypatch) -> None:
