@@ -41,7 +41,7 @@ class CallPlan:
     key: str | None = None
     why: list[str] = field(default_factory=list)
     output: dict | None = None  # the cached result's artifact: kind, uri, sha256, bytes
-    reads: list[dict] = field(default_factory=list)  # the stage outputs it would fetch: kind, sha256, bytes
+    reads: list[dict] = field(default_factory=list)  # computed calls: the stage outputs it would fetch (kind, sha256, bytes)
 
 
 @dataclass
@@ -299,15 +299,15 @@ def make_plan(profile_path: str) -> Plan:
         for call in calls:
             key = call.key()
             cp = CallPlan(call.run_name, "compute", key)
-            cp.reads = [{"kind": r.kind, "sha256": r.sha256, "bytes": look.size(r)} for r in _refs(call.args) if r.mlflow_run_id]
             out = look.result(key)
             if out is not None:
                 cp.status = "cached"
                 ref = out if isinstance(out, ArtifactRef) else None
                 cp.output = ({"kind": ref.kind, "uri": ref.uri, "sha256": ref.sha256, "bytes": look.size(ref)} if ref
                              else {"result": out})
-            else:
+            else:  # what it would fetch: the stage outputs among its arguments
                 cp.why = _why(look, call, files)
+                cp.reads = [{"kind": r.kind, "sha256": r.sha256, "bytes": look.size(r)} for r in _refs(call.args) if r.mlflow_run_id]
             s.calls.append(cp)
             results.append(out)
         return results
@@ -431,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="configs/demo-cpu.yaml", help="the profile a release would run")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     a = ap.parse_args(argv)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # the stage runs' cache_inputs.json: no bars
     plan = make_plan(a.profile)
     print(json.dumps(asdict(plan), indent=1, default=str) if a.json else render(plan))
     bad = [v for v in plan.services.values() if v != "ok"] + plan.problems
