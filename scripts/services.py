@@ -34,15 +34,13 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 if str(REPO) not in sys.path:  # run as `python scripts/services.py`: sys.path[0] is scripts/
     sys.path.append(str(REPO))
 
 from tasks.engines.cpu_host import int_from_env  # noqa: E402 - needs REPO on sys.path
-from tasks.processes import MAX_NICE, alive, read_pid, spawn_detached, stop_groups  # noqa: E402
+from tasks.processes import MAX_NICE, alive, answers, read_pid, spawn_detached, stop_groups  # noqa: E402
 
 # The Prefect and MLflow servers start at this niceness (EDGEFLOW_SERVERS_NICE overrides it; workers keep the default,
 # since the stage processes they start inherit theirs). On a box that also computes, the servers' polling and
@@ -161,13 +159,6 @@ except ValueError:
         raise SystemExit(f"creating the work pools {pools} or the automation {ZOMBIE_AUTOMATION!r} failed:\n{r.stderr[-2000:]}")
 
 
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def servers_nice() -> int:
     """EDGEFLOW_SERVERS_NICE, checked before anything starts: the niceness the Prefect and MLflow servers start at."""
     try:
@@ -186,7 +177,7 @@ def _spawn(name: str, cmd: list[str], env: dict[str, str], home: Path, nice: int
 def _wait(url: str, timeout: float, name: str, home: Path) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if _answers(url):
+        if answers(url):
             return
         time.sleep(0.5)
     tail = (home / "logs" / f"{name}.log").read_text()[-2000:] if (home / "logs" / f"{name}.log").exists() else ""
@@ -201,11 +192,11 @@ def up() -> None:
     mlflow_health = f"http://127.0.0.1:{s['mlflow_port']}/health"
     nice = servers_nice()
     started = []
-    if not _answers(prefect_health):
+    if not answers(prefect_health):
         _spawn("prefect-server", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", s["prefect_port"]], env, home,
                nice)
         started.append(("prefect-server", prefect_health))
-    if not _answers(mlflow_health):
+    if not answers(mlflow_health):
         (home / "mlflow").mkdir(parents=True, exist_ok=True)
         # No MLflow job runner: edgeflow submits no MLflow jobs (GenAI scorers, trace rollups), and the runner's seven
         # huey consumer processes took 3 CPU-seconds each to start (21 in all, 2-core AMD EPYC), on the cores the

@@ -31,6 +31,7 @@ from pathlib import Path
 import yaml
 
 from tasks.config import REPO_ROOT
+from tasks.processes import answers
 
 PROM_DIR = REPO_ROOT / "infra" / "prometheus"
 AM_DIR = REPO_ROOT / "infra" / "alertmanager"
@@ -308,15 +309,6 @@ class AlertSink:
 # Running the stack
 # --------------------------------------------------------------------------------------------
 
-def _answers(url: str) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def commands(paths: dict[str, Path], ports: Ports, data: Path) -> dict[str, list[str]]:
     """The command line of each service (one place: the drill and `scripts/services.py up` start the same)."""
     return {
@@ -349,7 +341,7 @@ def stack(work: Path, targets: list[str], ports: Ports, scale: float = 1.0, scra
             procs.append(subprocess.Popen(cmd, stdout=(work / f"{name}.log").open("w"), stderr=subprocess.STDOUT))
         for name, url in ready_urls(ports).items():
             deadline = time.monotonic() + 60
-            while not _answers(url):
+            while not answers(url):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{name} did not answer {url} within 60 s: {(work / f'{name}.log').read_text()[-1500:]}")
                 time.sleep(0.2)
@@ -406,7 +398,7 @@ def up(home: Path, env: dict[str, str] | None = None) -> list[tuple[str, str]]:
     started = []
     for name in ("alert-sink", "alertmanager", "blackbox", "prometheus"):
         url, pidfile = urls.get(name), home / "run" / f"{name}.pid"
-        if (pidfile.exists() and alive(read_pid(pidfile))) or (url is not None and _answers(url)):
+        if (pidfile.exists() and alive(read_pid(pidfile))) or (url is not None and answers(url)):
             continue
         spawn_detached(cmds[name], home / "logs" / f"{name}.log", home / "run" / f"{name}.pid", REPO_ROOT,
                        os.environ | {"PYTHONPATH": str(REPO_ROOT)})

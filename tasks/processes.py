@@ -43,6 +43,17 @@ def spawn_detached(cmd: list[str], log: Path, pidfile: Path, cwd: Path, env: dic
     return proc.pid
 
 
+def answers(url: str, timeout: float = 2.0) -> bool:
+    """Whether a local server answers `url` with 200 (a health or ready endpoint): what `up` waits for before it
+    starts the next service, and why it leaves one that already answers alone."""
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def read_pid(pidfile: Path) -> int:
     """The pid a pid file holds (its first word)."""
     return int(Path(pidfile).read_text().split()[0])
