@@ -40,7 +40,8 @@ def process_server(engine_dir, tmp_path_factory):
 
 def test_hostile_burst_gets_fast_errors_and_leaves_the_server_healthy(process_server):
     """Every error case at once, plus 16 valid requests over the 2 slots + 8 queue places, plus clients that
-    hang up mid-stream: each hostile request gets its status within 1 s, no request ends as 200 with an
+    hang up mid-stream: each hostile request gets its status while the admitted generations still run (sooner than the
+    median of them: an error never waits for a slot, on a quiet box or a loaded one), no request ends as 200 with an
     empty body, and the deep health probe passes afterwards."""
     url = process_server
     # one pooled client for all threads: a fresh httpx client per request costs ~25 ms of client CPU
@@ -60,7 +61,9 @@ def test_hostile_burst_gets_fast_errors_and_leaves_the_server_healthy(process_se
         return name, status, r.status_code, time.monotonic() - t0
 
     def valid(i):
-        return f"burst-{i}", None, post("/v1/chat/completions", _chat(f"Story number {i}.", max_tokens=24)).status_code, 0.0
+        t0 = time.monotonic()
+        status = post("/v1/chat/completions", _chat(f"Story number {i}.", max_tokens=24)).status_code
+        return f"burst-{i}", None, status, time.monotonic() - t0
 
     def hang_up(i):
         with client.stream("POST", f"{url}/v1/chat/completions", json=_chat(max_tokens=200, stream=True)) as r:
@@ -75,9 +78,11 @@ def test_hostile_burst_gets_fast_errors_and_leaves_the_server_healthy(process_se
         results = [f.result() for f in futures]
     client.close()
     assert len(results) >= 40
-    slow = [(n, got, round(took, 2)) for n, want, got, took in results if want is not None and (got != want or took >= 1.0)]
-    assert slow == [], slow
     burst = [got for n, want, got, _ in results if n.startswith("burst")]
     assert set(burst) <= {200, 429} and 429 in burst and 200 in burst, burst  # the burst really went over the limits
+    served = sorted(took for n, _, got, took in results if n.startswith("burst") and got == 200)
+    median = served[len(served) // 2]
+    slow = [(n, got, round(took, 2)) for n, want, got, took in results if want is not None and (got != want or took >= median)]
+    assert slow == [], (slow, f"median admitted generation {median:.2f} s")
     health = httpx.get(f"{url}/health", timeout=30)
     assert health.status_code == 200 and health.json()["status"] == "healthy"

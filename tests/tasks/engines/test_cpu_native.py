@@ -306,11 +306,13 @@ def test_concurrent_streams_share_decoder_steps(engines) -> None:
     """Two threads calling generate are decoded in the same steps (one row each), not one after another."""
     session = cpu_native.load(engines["asym"])
     a, b = _prompts()[:2]
-    first, second = cpu_native.generate(session, a, 24, []), cpu_native.generate(session, b, 24, [])
+    # the first stream is long (100 tokens, of a 128-token context): the second joins while it still decodes, however
+    # slow the box or however late this thread runs again (with 24 tokens each, a busy box let the first finish first)
+    first, second = cpu_native.generate(session, a, 100, []), cpu_native.generate(session, b, 24, [])
     got_a, got_b = [next(first)], [next(second)]  # both streams are live now
     got_a += list(first)
     got_b += list(second)
-    assert [got_a, got_b] == [list(cpu_native.generate(session, p, 24, [])) for p in (a, b)]
+    assert [got_a, got_b] == [list(cpu_native.generate(session, p, n, [])) for p, n in ((a, 100), (b, 24))]
     assert session.stats["max_streams_in_step"] == 2
 
 
