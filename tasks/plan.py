@@ -170,23 +170,14 @@ class Lookup:
 
 def _services(profile: Profile) -> tuple[dict[str, str], list[str]]:
     """Each server the release talks to: "ok" or why not; and the placement's problems (a pool or deployment missing)."""
-    import httpx
-
+    from tasks.processes import answers
     from tasks.store import tracking_uri
 
     status, problems = {}, []
-    api = os.environ.get("PREFECT_API_URL", "")
-    try:
-        ok = bool(api) and httpx.get(f"{api.rstrip('/')}/health", timeout=5).status_code == 200
-        status["prefect"] = "ok" if ok else f"PREFECT_API_URL={api or '(unset)'} does not answer /health"
-    except httpx.HTTPError as e:
-        status["prefect"] = f"PREFECT_API_URL={api} does not answer ({type(e).__name__}); start it with `edgeflow up`"
-    uri = tracking_uri()
-    try:
-        ok = httpx.get(f"{uri.rstrip('/')}/health", timeout=5).status_code == 200
-        status["mlflow"] = "ok" if ok else f"MLFLOW_TRACKING_URI={uri} does not answer /health"
-    except httpx.HTTPError as e:
-        status["mlflow"] = f"MLFLOW_TRACKING_URI={uri} does not answer ({type(e).__name__}); start it with `edgeflow up`"
+    for server, variable, url in (("prefect", "PREFECT_API_URL", os.environ.get("PREFECT_API_URL", "")),
+                                  ("mlflow", "MLFLOW_TRACKING_URI", tracking_uri())):
+        ok = bool(url) and answers(f"{url.rstrip('/')}/health", timeout=5)
+        status[server] = "ok" if ok else f"{variable}={url or '(unset)'} does not answer /health; start it with `edgeflow up`"
     if status["prefect"] == "ok" and profile.placement.pooled():
         from flows.stages import PlacementError, check_placement
 
