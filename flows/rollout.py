@@ -27,19 +27,34 @@ class RolloutBreach(RuntimeError):
     """A wave breached: the devices were rolled back and `production` did not move."""
 
 
-def _run_on_device(deployment: str, device: str, parameters: dict, timeout: float) -> dict:
+def _run_on_device(deployment: str, device: str, parameters: dict, cfg) -> dict:
+    """Run a deployment on the device's own queue and wait: rollout.pickup_timeout_s for its worker to take it (a device
+    that is cut off never does; the run is then cancelled, so the device never runs it stale), then
+    rollout.deploy_timeout_s for the run itself."""
+    from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
     from flows.stages import POLL_S
     from tasks.fleet.device import queue_name
 
-    fr = run_deployment(deployment, parameters=parameters, work_queue_name=queue_name(device), timeout=timeout,
-                        poll_interval=POLL_S)
-    if fr.state.is_scheduled() or fr.state.is_pending():  # never picked up (the device is cut off): cancel it, so the
-        _cancel(fr.id, f"not picked up within rollout.deploy_timeout_s={timeout:.0f} s")  # device never runs it stale
+    fr = run_deployment(deployment, parameters=parameters, work_queue_name=queue_name(device), timeout=0)
+    what = f"{deployment.split('/')[0]} on {device} (flow run {fr.id})"
+    with get_client(sync_client=True) as client:
+        for limit, field, done in ((cfg.pickup_timeout_s, "pickup_timeout_s", lambda s: not (s.is_scheduled() or s.is_pending())),
+                                   (cfg.deploy_timeout_s, "deploy_timeout_s", lambda s: s.is_final())):
+            deadline = time.monotonic() + limit
+            while not done(fr.state) and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+                fr = client.read_flow_run(fr.id)
+            if done(fr.state):
+                continue
+            if field == "pickup_timeout_s":
+                _cancel(fr.id, f"not picked up within rollout.pickup_timeout_s={limit:.0f} s")
+                raise RuntimeError(f"{what} was not picked up within rollout.pickup_timeout_s={limit:.0f} s: the device's "
+                                   "worker is not polling its queue (cut off, or stopped); the run was cancelled")
+            raise RuntimeError(f"{what} is still {fr.state.type.value} after rollout.deploy_timeout_s={limit:.0f} s")
     if not fr.state.is_completed():
-        raise RuntimeError(f"{deployment.split('/')[0]} on {device} (flow run {fr.id}) ended {fr.state.type.value}: "
-                           f"{fr.state.message or 'no answer within rollout.deploy_timeout_s'}")
+        raise RuntimeError(f"{what} ended {fr.state.type.value}: {fr.state.message or 'no message'}")
     return fr.state.result()
 
 
@@ -58,14 +73,14 @@ def deploy_device(profile: str, device: str, version: str, reason: str) -> dict:
     """deploy-edge on the device's own queue: fetch, verify, bind, health-gate, switch (or leave it as it was)."""
     p = load_profile(profile)
     return _run_on_device("deploy-edge/deploy-edge", device, {"profile": profile, "alias": "rollout", "version": version,
-                                                              "reason": reason}, p.rollout.deploy_timeout_s)
+                                                              "reason": reason}, p.rollout)
 
 
 @task(task_run_name="probe v{version} on {device}")
 def probe_device(profile: str, device: str, version: str) -> dict:
     """probe-edge on the device: the gate's greedy prompts through its stable port."""
     p = load_profile(profile)
-    return _run_on_device("probe-edge/probe-edge", device, {"profile": profile, "version": version}, p.rollout.deploy_timeout_s)
+    return _run_on_device("probe-edge/probe-edge", device, {"profile": profile, "version": version}, p.rollout)
 
 
 @task(task_run_name="observe {seconds:.0f} s: {devices} vs {old}")

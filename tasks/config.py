@@ -636,7 +636,15 @@ class RolloutConfig(_Strict):
         "continuation below this. Set it where devices run the gate's very engine (the CPU engines are deterministic: "
         "1.0 is expected); None where a device builds its own binding, whose answers may differ token for token.",
     )
-    deploy_timeout_s: float = Field(default=1800, gt=0, description="Longest a device's deploy-edge (or probe) run may take.")
+    pickup_timeout_s: float = Field(
+        default=120, gt=0, description="How long a wave waits for a device's worker to take its deploy-edge (or probe) run "
+        "off the device's queue. A worker polls its queue every few seconds (PREFECT_WORKER_QUERY_SECONDS), so a run still "
+        "queued after this means the device is cut off: the run is cancelled and the wave breaches on that device.",
+    )
+    deploy_timeout_s: float = Field(
+        default=1800, gt=0, description="Longest a device's deploy-edge (or probe) run may take once its worker took it "
+        "(a deploy that builds the engine on the device takes minutes).",
+    )
 
     @model_validator(mode="after")
     def _waves(self) -> RolloutConfig:

@@ -716,9 +716,10 @@ def test_a_device_cut_off_during_a_wave_keeps_serving_fails_the_rollout_closed_a
     production = c.get_model_version_by_alias(name, "production").version
     candidate = next(v.version for v in c.search_model_versions(f"name = '{name}'") if v.version != production)
     data = yaml.safe_load((REPO / PROFILE).read_text())
-    # how long a wave waits on a device's run before it gives up on it: orin-b's probe is never picked up, so wave 1 waits
-    # this long; it also bounds orin-a's own deploy in wave 0, which took over 30 s on a loaded 2-core box
-    data["rollout"]["deploy_timeout_s"] = 150
+    # how long a wave waits for a device's worker to take a run: orin-b's rollback is never taken, so the rollout waits
+    # this long before it cancels it. The runs that are taken (orin-a's deploy in wave 0 took over 30 s on a loaded
+    # 2-core box) keep the profile's deploy_timeout_s.
+    data["rollout"]["pickup_timeout_s"] = 45
     rel = "configs/test-multihost-cutoff.yaml"
     for h in (fleet["cpu"], fleet["orin-a"], fleet["orin-b"]):  # each host reads the profile from its own checkout
         (h.checkout / rel).write_text(yaml.safe_dump(data))
@@ -752,6 +753,7 @@ def test_a_device_cut_off_during_a_wave_keeps_serving_fails_the_rollout_closed_a
     assert fr.state.is_failed(), fr.state.message
     msg = fr.state.message
     assert "wave 1 breached: orin-b" in msg and "rollback FAILED" in msg and f"production unchanged (v{production})" in msg, msg
+    assert "not picked up within rollout.pickup_timeout_s=45 s" in msg, msg  # the rollback's run, cancelled unrun
     assert c.get_model_version_by_alias(name, "production").version == production
     assert _fingerprint(PORTS["orin-a"], name) == production  # rolled back
     assert _fingerprint(PORTS["orin-b"], name) == candidate  # cut off: kept serving what it had
