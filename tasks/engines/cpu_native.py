@@ -17,11 +17,12 @@ tasks/architecture.py describes (Llama 3.x, Mistral, Qwen2/2.5, Qwen3, Gemma 2, 
   rounding) selects every row that could be the argmax, and those are rescored in fp32 against the
   original table (one full fp32 pass when there are more than `max_candidates`). The chosen token is
   the fp32 argmax, not an approximation of it.
-* Sampling (temperature > 0, penalties, logprobs) uses the same bound: every row whose upper bound is
-  within `Sampler.margin()` (temperature x ln(1/EPSILON), EPSILON = 1e-6) of the best lower bound is
-  rescored in fp32, so every token whose probability can exceed 1e-6 is drawn from its exact logit.
-  The mass of the tokens left out is bounded per step (sum of their upper bounds' probabilities) and
-  the largest bound seen is kept in `session.stats`; engine.json states the method under "sampling".
+* Sampling (temperature > 0, penalties) draws exactly from the fp32 head's distribution without reading
+  it: the same bound gives every logit an interval, and `Sampler.draw_bounded` proposes a token from the
+  upper bounds, rescores that one row in fp32 and accepts it with the exact ratio (rejection sampling);
+  top_k rescores the rows that can hold the top k, top_p decides a token's membership from the bounds
+  and the rows that keep it open. Logprobs, and a step that would rescore more than `max_candidates`
+  rows, read the full fp32 head. engine.json states the method under "sampling".
 * `score` runs the full fp32 head (one SGEMM over all positions).
 * One decoder step carries up to 16 rows: prefill chunks of the prompts that arrived together, or
   one decode row per stream (up to 4 streams); `generate_batch` decodes several prompts together in
@@ -47,6 +48,7 @@ anything else runnable) before they sleep. `SPIN_US_DEFAULT` says why the defaul
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import queue
@@ -82,7 +84,7 @@ from tasks.engines.checkpoint import (
 )
 from tasks.engines.cpu_host import ISA_FLAGS, cpu_flags as _cpu_flags, device_fingerprint, int_from_env, threads_from_env
 from tasks.engines.hooks import device_memory_used, device_utilization  # noqa: F401  (backend API: CPU defaults)
-from tasks.engines.sampling import EPSILON, GREEDY, PARAMETERS, Sampler, SamplingParams, Token, excluded_mass_bound
+from tasks.engines.sampling import GREEDY, PARAMETERS, REJECTION_TRIES, Sampler, SamplingParams, Token
 
 BACKEND = "cpu_native"
 WEIGHTS = "weights.safetensors"
@@ -411,9 +413,11 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
         quantization=scheme.summary() if scheme else None,
         lm_head={"exact_argmax": "int8 per-row bound + fp32 rescoring", "score": "fp32",
                  "tied": head is embed, "vocab_size": int(head.shape[0])},
-        sampling={"method": "exact fp32 logits of every token whose probability can exceed epsilon "
-                            "(int8 per-row bound selects them; the left-out mass is bounded per step)",
-                  "epsilon": EPSILON, "parameters": list(PARAMETERS)},
+        sampling={"method": "exact: the distribution of the fp32 logits (rejection sampling against the int8 per-row "
+                            "upper bounds, each proposal rescored in fp32; top_k among the rescored rows that can hold it; "
+                            "top_p membership decided by the bounds and rescored rows); the full fp32 head for logprobs "
+                            "and whenever a step would rescore more than max_candidates rows",
+                  "rejection_tries": REJECTION_TRIES, "parameters": list(PARAMETERS)},
         architecture=arch.summary(),
         profile=prof.model_dump(),
         checkpoint=str(checkpoint_dir.resolve()),
@@ -486,8 +490,7 @@ class NativeSession:
     stats: dict[str, int] = field(default_factory=lambda: {"head_calls": 0, "candidates": 0, "max_candidates_seen": 0, "full_passes": 0,
                                                          "scheduler_steps": 0, "max_streams_in_step": 0, "prefill_tokens": 0,
                                                          "prefill_ns": 0, "layers_ns": 0, "head_ns": 0, "scheduler_ns": 0,
-                                                         "sampled": 0, "sampled_candidates": 0, "sampled_full_passes": 0,
-                                                         "sampling_excluded_mass_max": 0.0})
+                                                         "sampled": 0, "sampled_candidates": 0, "sampled_full_passes": 0})
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _scheduler: Any = None  # the session's _Scheduler, created by the first generate call
     _rope: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # kind -> (cos, sin) [n, head_dim]
@@ -499,6 +502,16 @@ class NativeSession:
             if not self._rope or len(next(iter(self._rope.values()))[0]) < n:
                 self._rope = {kind: _rope_tables(r.inv_freq(self.arch.head_dim), n) for kind, r in self.arch.rope.items()}
             return self._rope
+
+    @functools.cached_property
+    def head_dn(self) -> np.ndarray:
+        """The int8 head's per-row error norms ||E_r - Ehat_r|| in float64 (head_sample's bound, once per session)."""
+        return self.tensors["head.dn"].astype(np.float64)
+
+    @functools.cached_property
+    def head_en(self) -> np.ndarray:
+        """The head's per-row norms ||E_r|| in float64."""
+        return self.tensors["head.en"].astype(np.float64)
 
     def logits(self, raw: np.ndarray) -> np.ndarray:
         """The model's output logits from the head's x . E_r: Gemma 2's final softcap (cap * tanh(l / cap), in fp32 as
@@ -690,58 +703,41 @@ def _head_slack(k: int) -> float:
 def head_sample(session: NativeSession, x: np.ndarray, sampler: Sampler) -> Token:
     """The next token of one stream whose request samples (or penalises, or asks for logprobs).
 
-    The int8 head gives a_r and, as in head_argmax, a bound e_r with |x . E_r - a_r| <= e_r. Every row
-    whose (penalised) upper bound a_r + e_r is within sampler.margin() of the best (penalised) lower bound
-    can have probability >= EPSILON; those rows are rescored in fp32 and the sampler draws among them.
-    The rest each have p < EPSILON, and their total is bounded by `excluded_mass_bound`.
+    The int8 head gives a_r and, as in head_argmax, a bound e_r with |x . E_r - a_r| <= e_r, so every logit lies in
+    [a_r - e_r, a_r + e_r]. `Sampler.draw_bounded` draws from those bounds and the fp32 logits of the rows it asks
+    for, exactly from the distribution the full head gives (rejection sampling, see there). When that would take more
+    than `max_candidates` rows, and for logprobs (which need the normaliser), the full fp32 head runs instead.
     """
     x = np.ascontiguousarray(x, np.float32).reshape(1, -1)
     k = x.shape[1]
     t = session.tensors
     v = session.vocab_size
     vp = t["head.q8_scale"].shape[0]
-    a = np.empty((1, vp), np.float32)
-    dx = np.empty(1, np.float32)
-    session.lib.q8i_gemm(_ptr(x), 1, k, vp, _ptr(t["head.q8"]), _ptr(t["head.q8_scale"]), _ptr(a), _ptr(dx), session.team)
-    xn = float(np.sqrt(np.dot(x[0].astype(np.float64), x[0].astype(np.float64)))) * 1.000001
-    d = float(dx[0])
-    c = d + _head_slack(k) * (xn + d)
-    dn, en = t["head.dn"].astype(np.float64), t["head.en"].astype(np.float64)
-    e = xn * dn + c * (en + dn)
-    approx = a[0, :v].astype(np.float64)
-    lower, upper = approx - e, approx + e
-    if session.arch.final_softcap:  # monotone: the capped bounds bound the capped logits
-        cap = session.arch.final_softcap
-        lower, upper = cap * np.tanh(lower / cap), cap * np.tanh(upper / cap)
-    raw_lo = float(lower.max())
-    # Penalties change only the tokens already seen; they are monotone, so bounds map to bounds.
-    touched = np.asarray(sorted(sampler.seen | set(sampler.output_counts)), dtype=np.int64)
-    plo, pup = lower, upper
-    if len(touched) and sampler.params.penalised:
-        plo, pup = lower.copy(), upper.copy()
-        plo[touched] = sampler.penalise(touched, lower[touched])
-        pup[touched] = sampler.penalise(touched, upper[touched])
-    mask = pup >= float(plo.max()) - sampler.margin()
-    if sampler.params.logprobs:  # the raw distribution's candidates too (logprobs are reported from it)
-        mask |= upper >= raw_lo - np.log(1.0 / EPSILON)
-    cand = np.flatnonzero(mask)
     head = session.head
-    if len(cand) > session.max_candidates:  # as head_argmax: past the cap one full fp32 pass is cheaper
-        ids, logits, excluded = np.arange(v), session.logits(head @ x[0]), 0.0  # numpy's sgemv: memory-bound, as fast as the C fp32 kernel here
-        full = True
-    else:
-        ids, logits = cand, session.logits(head[cand] @ x[0])
-        kept = sampler.penalise(ids, logits.astype(np.float64))
-        excluded = excluded_mass_bound(pup[~mask], float(kept.max()), kept, sampler.params.temperature) \
-            if sampler.params.temperature > 0 else 0.0
-        full = False
-    token = sampler.choose(ids, logits, excluded)
+    token = None
+    before, reads = sampler.rescored, sampler.head_reads
+    if not sampler.params.logprobs:
+        a = np.empty((1, vp), np.float32)
+        dx = np.empty(1, np.float32)
+        session.lib.q8i_gemm(_ptr(x), 1, k, vp, _ptr(t["head.q8"]), _ptr(t["head.q8_scale"]), _ptr(a), _ptr(dx), session.team)
+        xn = float(np.sqrt(np.dot(x[0].astype(np.float64), x[0].astype(np.float64)))) * 1.000001
+        d = float(dx[0])
+        c = d + _head_slack(k) * (xn + d)
+        e = xn * session.head_dn + c * (session.head_en + session.head_dn)
+        approx = a[0, :v].astype(np.float64)
+        lower, upper = approx - e, approx + e
+        if session.arch.final_softcap:  # monotone: the capped bounds bound the capped logits
+            cap = session.arch.final_softcap
+            lower, upper = cap * np.tanh(lower / cap), cap * np.tanh(upper / cap)
+        token = sampler.draw_bounded(lower, upper, lambda ids: session.logits(head[ids] @ x[0]), session.max_candidates)
+    full = token is None
+    if full:  # numpy's sgemv: memory-bound, as fast as the C fp32 kernel here
+        token = sampler.choose(np.arange(v), session.logits(head @ x[0]))
     with session._lock:
         st = session.stats
         st["sampled"] += 1
-        st["sampled_candidates"] += len(ids)
-        st["sampled_full_passes"] += int(full)
-        st["sampling_excluded_mass_max"] = max(st["sampling_excluded_mass_max"], excluded)
+        st["sampled_candidates"] += v if full else sampler.rescored - before
+        st["sampled_full_passes"] += int(full) + sampler.head_reads - reads
     return token
 
 

@@ -3,10 +3,12 @@
     p = SamplingParams(temperature=0.7, top_p=0.9, seed=1); s = Sampler(p, prompt_ids=[1, 2])
     token = s.choose(np.arange(vocab), logits)      # a Token (an int) with .logprob and .top_logprobs
 
-A backend hands `choose` the exact fp32 logits of the tokens that matter (all of them, or, in
-cpu_native, every token whose probability can exceed EPSILON, found with the int8 head's bounds),
-and gets back the token to emit. Backends with their own sampler on the device (TensorRT-LLM) only
-use `SamplingParams` and state what they support in `sampling_support()`.
+A backend hands `choose` the exact fp32 logits of every token and gets back the token to emit. A backend
+that can bound every logit cheaply (cpu_native's int8 head) calls `draw_bounded` instead: the same
+distribution, exactly, from the bounds and the exact logits of the few rows it asks for (rejection
+sampling; see its docstring), or None when that would need more rows than reading the whole head.
+Backends with their own sampler on the device (TensorRT-LLM) only use `SamplingParams` and state what
+they support in `sampling_support()`.
 
 Order of operations (vLLM's): repetition_penalty (prompt and output tokens; a positive logit is
 divided by it, a negative one multiplied), then frequency_penalty x count and presence_penalty on
@@ -22,16 +24,18 @@ from __future__ import annotations
 import math
 import secrets
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-# Probability below which a token may be left out of the candidates a backend rescores exactly
-# (cpu_native). Each left-out token has p < EPSILON; the total left out is bounded per step and kept
-# in `Sampler.max_excluded_mass`. 1e-6 keeps the candidate set to a few hundred rows of a 49k
-# vocabulary at temperature 0.7 on the demo student, a fraction of one full fp32 head pass.
-EPSILON = 1e-6
+# How many proposals draw_bounded makes before it gives the step to the full head. Each proposal is accepted with
+# probability exp((logit - upper bound) / temperature) times the nucleus's share: with cpu_native's bounds at
+# temperature 0.7 most steps accept within the first few; 64 leaves a full pass to steps where the bound is loose or
+# top_p keeps a small share of a flat distribution.
+REJECTION_TRIES = 64
+# Rows rescored per round while a nucleus membership is undecided (grown 4x per round, up to the caller's cap).
+NUCLEUS_ROWS = 256
 
 # The parameters a request may set. A backend's sampling_support() returns the subset it honours;
 # the server answers 400 naming the parameter and the engine for any other that a request sets.
@@ -110,7 +114,8 @@ class Sampler:
     seed: int = field(init=False)
     output_counts: Counter = field(init=False)
     seen: set[int] = field(init=False)
-    max_excluded_mass: float = field(init=False, default=0.0)
+    rescored: int = field(init=False, default=0)  # rows draw_bounded asked `exact` for, over the request
+    head_reads: int = field(init=False, default=0)  # nucleus decisions that needed every row (draw_bounded)
 
     def __post_init__(self) -> None:
         self.seed = self.params.seed if self.params.seed is not None else secrets.randbits(63)
@@ -119,14 +124,7 @@ class Sampler:
         self.output_counts = Counter()
         self.seen = {int(t) for t in self.prompt_ids} if self.params.repetition_penalty != 1 else set()
 
-    # ---------------------------------------------------------------------------- the logit window
-    def margin(self) -> float:
-        """How far (in raw logits) below the best token a token must be to have p < EPSILON in every
-        distribution this request reads: the sampled one (at its temperature) and, for logprobs, the raw one."""
-        t = self.params.temperature
-        scale = max(t, 1.0) if self.params.logprobs else t
-        return scale * math.log(1.0 / EPSILON)
-
+    # ---------------------------------------------------------------------------- penalties
     def penalise(self, ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
         """The penalised logits of `ids`. Monotone in each logit, so it maps bounds to bounds too."""
         p = self.params
@@ -148,9 +146,9 @@ class Sampler:
         return out
 
     # ---------------------------------------------------------------------------- the draw
-    def choose(self, ids: np.ndarray, logits: np.ndarray, excluded_mass: float = 0.0) -> Token:
-        """Pick the next token among `ids` (exact raw logits `logits`); `excluded_mass` bounds the
-        probability of every token not in `ids` (0 when `ids` is the whole vocabulary)."""
+    def choose(self, ids: np.ndarray, logits: np.ndarray) -> Token:
+        """Pick the next token among `ids` (exact raw logits `logits`): the whole vocabulary, or a set that holds
+        every token the request's truncation can keep."""
         ids = np.asarray(ids, dtype=np.int64)
         raw = np.asarray(logits, dtype=np.float64)
         adj = self.penalise(ids, raw)
@@ -160,7 +158,6 @@ class Sampler:
         else:
             i = self._draw(ids, adj / p.temperature)
         token = int(ids[i])
-        self.max_excluded_mass = max(self.max_excluded_mass, float(excluded_mass))
         self._count(token)
         if not p.logprobs:
             return Token(token)
@@ -172,6 +169,123 @@ class Sampler:
             best = best[np.lexsort((ids[best], -raw[best]))]
             top = tuple((int(ids[b]), float(raw[b] - lse)) for b in best)
         return Token(token, float(raw[i] - lse), top)
+
+    def penalised_bounds(self, lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Bounds on every token's penalised logit from bounds on its raw one (penalties are monotone)."""
+        lo, up = np.asarray(lower, np.float64), np.asarray(upper, np.float64)
+        touched = np.asarray(sorted(self.seen | set(self.output_counts)), dtype=np.int64)
+        if not self.params.penalised or not len(touched):
+            return lo, up
+        lo, up = lo.copy(), up.copy()
+        lo[touched] = self.penalise(touched, lo[touched])
+        up[touched] = self.penalise(touched, up[touched])
+        return lo, up
+
+    def draw_bounded(self, lower: np.ndarray, upper: np.ndarray, exact: Callable[[np.ndarray], np.ndarray],
+                     max_rows: int) -> Token | None:
+        """The next token, distributed exactly as `choose` over the whole vocabulary would draw it, from bounds
+        lower[i] <= logit[i] <= upper[i] on every raw logit and `exact(ids)`, the exact raw logits of the rows asked
+        for. None when the draw is better made from the whole head (top_k or greedy would rescore more than `max_rows`
+        rows, or REJECTION_TRIES proposals were all rejected): the caller then reads it and calls `choose`. Either way
+        the token has the same distribution: whether None comes back does not depend on which token a proposal was.
+        Not for logprobs, whose normaliser needs every logit.
+
+        * temperature 0: the rows whose upper bound reaches the best lower bound are rescored; the first maximum wins.
+        * top_k: the rows whose upper bound reaches the k-th largest lower bound hold the top k; they are rescored and
+          `choose` draws among them (top_p then applies inside the top k, as over the whole vocabulary).
+        * otherwise, rejection sampling: propose token i with probability proportional to exp(upper_i / T), rescore
+          that one row, accept with probability exp((logit_i - upper_i) / T) <= 1. An accepted proposal has
+          probability proportional to exp(logit_i / T): the softmax, exactly. With top_p < 1 an accepted token is
+          kept if it lies in the nucleus (the tokens before it, in descending logit and ascending id order, hold
+          less than top_p of the mass) and drawn again otherwise, which conditions the softmax on the nucleus.
+          Membership is decided from the bounds, rescoring the rows that keep it open (`_in_nucleus`).
+        """
+        p = self.params
+        lo, up = self.penalised_bounds(lower, upper)
+        v = len(lo)
+        raw = np.full(v, np.nan)
+        pen = np.full(v, np.nan)
+        budget = [int(max_rows)]
+
+        def rescore(ids: np.ndarray, force: bool = False) -> bool:
+            ids = np.asarray(ids, np.int64)
+            ids = ids[np.isnan(pen[ids])]
+            if len(ids) > budget[0] and not force:
+                return False
+            if len(ids):
+                raw[ids] = np.asarray(exact(ids), np.float64)
+                pen[ids] = self.penalise(ids, raw[ids])
+                budget[0] -= len(ids)
+                self.rescored += len(ids)
+            # a bound that does not hold would make the draw wrong: refuse the shortcut instead
+            return bool(np.all((pen[ids] >= lo[ids]) & (pen[ids] <= up[ids])))
+
+        if p.temperature == 0 or (0 < p.top_k < v):
+            threshold = float(lo.max()) if p.temperature == 0 else float(np.partition(lo, v - p.top_k)[v - p.top_k])
+            ids = np.flatnonzero(up >= threshold)
+            if not rescore(ids):
+                return None
+            return self.choose(ids, raw[ids])
+        t = p.temperature
+        zmax = float(up.max()) / t
+        cum = np.cumsum(np.exp(up / t - zmax))
+        for _ in range(REJECTION_TRIES):
+            i = min(int(np.searchsorted(cum, self._rng.random() * cum[-1], side="right")), v - 1)
+            if not rescore(np.array([i]), force=True):
+                return None
+            if self._rng.random() >= math.exp((pen[i] - up[i]) / t):
+                continue  # rejected: the bound overstated this row
+            if p.top_p < 1.0:
+                inside = self._in_nucleus(i, pen, lo, up, zmax, rescore, budget)
+                if inside is None:
+                    return None
+                if not inside:
+                    continue
+            self._count(i)
+            return Token(i)
+        return None
+
+    def _in_nucleus(self, j: int, pen: np.ndarray, lo: np.ndarray, up: np.ndarray, zmax: float,
+                    rescore: Callable[[np.ndarray], bool], budget: list[int]) -> bool | None:
+        """Is token j (its exact penalised logit in pen[j]) among the tokens top_p keeps? With A the mass of the
+        tokens before j and B the rest (j included), j is kept iff A < top_p (A + B), i.e. A (1 - top_p) < top_p B.
+        Rows not rescored contribute their bounds; an undecided test rescores the rows that weigh most in it and
+        asks again; when `budget` rows are spent, every remaining row is read (the whole head), which decides it.
+        None only when a bound proves wrong."""
+        t, q = self.params.temperature, self.params.top_p
+        lj = pen[j]
+        ids = np.arange(len(pen))
+        w_lo, w_up = np.exp(lo / t - zmax), np.exp(up / t - zmax)
+        rows = NUCLEUS_ROWS
+        while True:
+            known = ~np.isnan(pen)
+            w = np.where(known, np.exp(np.where(known, pen, 0.0) / t - zmax), 0.0)
+            before = known & ((pen > lj) | ((pen == lj) & (ids < j)))
+            after = known & ~before
+            sure_before = ~known & (lo > lj)
+            sure_after = ~known & (up < lj)
+            either = ~known & ~sure_before & ~sure_after
+            a_exact, b_exact = float(w[before].sum()), float(w[after].sum())  # after includes j
+            open_up = float(w_up[either].sum())
+            a_lo, a_hi = a_exact + float(w_lo[sure_before].sum()), a_exact + float(w_up[sure_before].sum()) + open_up
+            b_lo, b_hi = b_exact + float(w_lo[sure_after].sum()), b_exact + float(w_up[sure_after].sum()) + open_up
+            if a_hi * (1 - q) < q * b_lo:
+                return True
+            if a_lo * (1 - q) >= q * b_hi:
+                return False
+            gap = np.where(either, w_up, np.where(known, 0.0, w_up - w_lo))
+            take = min(rows, int(np.count_nonzero(gap)), budget[0])
+            if take == 0:
+                # The rows allowed are spent: read the rest (the whole head), which decides it. Giving up here instead
+                # would skew the draw against the tokens whose membership is hard to decide.
+                self.head_reads += 1
+                if not rescore(np.flatnonzero(~known), force=True):
+                    return None
+                continue
+            pick = np.argpartition(-gap, take - 1)[:take]
+            if not rescore(pick):
+                return None
+            rows *= 4
 
     def _draw(self, ids: np.ndarray, z: np.ndarray) -> int:
         """Index into `ids` of a draw from softmax(z) truncated by top_k and top_p. Candidates are taken in
@@ -219,14 +333,3 @@ class Sampler:
 def _logsumexp(x: np.ndarray) -> float:
     m = float(np.max(x))
     return m + math.log(float(np.exp(x - m).sum()))
-
-
-def excluded_mass_bound(upper: np.ndarray, best: float, kept_logits: np.ndarray, temperature: float) -> float:
-    """Upper bound on the total probability of tokens left out of the candidates: each left-out token's
-    logit is at most `upper` (its bound), and the normaliser is at least the kept tokens' own sum."""
-    if len(upper) == 0:
-        return 0.0
-    t = temperature if temperature > 0 else 1.0
-    out = float(np.exp((np.asarray(upper, np.float64) - best) / t).sum())
-    kept = float(np.exp((np.asarray(kept_logits, np.float64) - best) / t).sum())
-    return out / (kept + out)

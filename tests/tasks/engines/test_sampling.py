@@ -1,4 +1,5 @@
-"""The shared sampler (tasks/engines/sampling.py): seeds, truncation masses, penalties, logprobs, bounds."""
+"""The shared sampler (tasks/engines/sampling.py): seeds, truncation masses, penalties, logprobs, and the bounded draw's
+distribution against the exact softmax."""
 from __future__ import annotations
 
 import math
@@ -7,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from tasks.engines.sampling import EPSILON, SamplingParams, Sampler, Token, excluded_mass_bound
+from tasks.engines.sampling import SamplingParams, Sampler, Token
 
 V = 50
 
@@ -107,16 +108,130 @@ def test_out_of_range_parameters_name_the_field(field: str, value) -> None:
         SamplingParams(**{field: value})
 
 
-def test_excluded_mass_bound_holds() -> None:
-    logits = _logits(5).astype(np.float64)
-    t = 0.8
-    p = _probs(logits, t)
-    best = float(logits.max())
-    cut = best - t * math.log(1 / EPSILON) * 0.1  # a narrow window: many tokens left out
-    kept, out = logits >= cut, logits < cut
-    bound = excluded_mass_bound(logits[out] + 0.01, best, logits[kept], t)  # upper bounds a little above truth
-    assert p[out].sum() <= bound + 1e-12
-    assert excluded_mass_bound(np.array([]), best, logits, t) == 0.0
+# ---------------------------------------------------------------------------------------------
+# draw_bounded: the exact distribution from bounds and a few exact rows (rejection sampling)
+# ---------------------------------------------------------------------------------------------
+
+BIG_V = 3000
+
+
+def target(logits: np.ndarray, params: SamplingParams, counts: Counter, prompt: tuple[int, ...] = ()) -> np.ndarray:
+    """The distribution a request draws from, written out from the definition (penalties by `Sampler.penalise`, the
+    one definition of them): softmax(penalised / T), truncated to the top_k, then to the smallest head, in descending
+    logit and ascending id order, whose mass reaches top_p."""
+    s = Sampler(params, prompt)
+    s.output_counts.update(counts)
+    s.seen |= set(counts) if params.repetition_penalty != 1 else set()
+    ids = np.arange(len(logits))
+    z = s.penalise(ids, logits.astype(np.float64)) / params.temperature
+    order = np.lexsort((ids, -z))
+    w = np.exp(z[order] - z.max())
+    if 0 < params.top_k < len(ids):
+        order, w = order[: params.top_k], w[: params.top_k]
+    before = np.concatenate([[0.0], np.cumsum(w)[:-1]]) / w.sum()
+    keep = before < params.top_p
+    out = np.zeros(len(logits))
+    out[order[keep]] = w[keep] / w[keep].sum()
+    return out
+
+
+def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Pearson's test of observed counts against probabilities: tokens expected >= 5 times each, the rest as one bin
+    (a token drawn that the distribution excludes fails the caller's own check first)."""
+    from scipy.stats import chisquare
+
+    n = counts.sum()
+    big = probs * n >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(probs[big] * n, probs[~big].sum() * n)
+    if exp[-1] < 5:  # fold a thin tail into the smallest kept bin
+        obs, exp = np.append(obs[:-2], obs[-2] + obs[-1]), np.append(exp[:-2], exp[-2] + exp[-1])
+    return float(chisquare(obs, exp).pvalue)
+
+
+def bounded_draws(logits: np.ndarray, params: SamplingParams, n: int, counts: Counter = Counter(), width: float = 0.3,
+                  max_rows: int = 1000, prompt: tuple[int, ...] = ()) -> tuple[np.ndarray, int, int]:
+    """n independent draws by draw_bounded from bounds of random widths (up to `width`, the truth anywhere inside),
+    each with the request's token counts reset to `counts`. Returns (counts per token, draws that needed the full head,
+    rows rescored in all)."""
+    rng = np.random.default_rng(99)
+    lo = logits - rng.uniform(0, width, len(logits))
+    up = logits + rng.uniform(0, width, len(logits))
+    s = Sampler(params, prompt)
+    drawn, fallbacks = np.zeros(len(logits), np.int64), 0
+    for _ in range(n):
+        reads = s.head_reads
+        s.output_counts = Counter(counts)
+        s.seen = (set(prompt) | set(counts)) if params.repetition_penalty != 1 else set()
+        tok = s.draw_bounded(lo, up, lambda ids: logits[ids], max_rows)
+        fallbacks += tok is None or s.head_reads > reads
+        if tok is None:
+            tok = s.choose(np.arange(len(logits)), logits)
+        drawn[int(tok)] += 1
+    return drawn, fallbacks, s.rescored
+
+
+def _big_logits(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, 2.5, BIG_V)
+
+
+SETTINGS = {
+    "t0.7-top_p0.9": (SamplingParams(temperature=0.7, top_p=0.9, seed=1), Counter()),
+    "t1.0": (SamplingParams(temperature=1.0, seed=2), Counter()),
+    "t0.7-penalties": (SamplingParams(temperature=0.7, frequency_penalty=0.5, presence_penalty=0.5, repetition_penalty=1.3,
+                                      seed=3), Counter({int(i): 1 + int(i) % 3 for i in range(0, BIG_V, 7)})),
+    "t1.3-top_p0.5": (SamplingParams(temperature=1.3, top_p=0.5, seed=4), Counter()),
+    "t0.9-top_k40-top_p0.8": (SamplingParams(temperature=0.9, top_k=40, top_p=0.8, seed=5), Counter()),
+}
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_bounded_draws_follow_the_exact_distribution(name: str) -> None:
+    params, counts = SETTINGS[name]
+    logits = _big_logits()
+    want = target(logits, params, counts)
+    n = 12000
+    drawn, fallbacks, rows = bounded_draws(logits, params, n, counts)
+    assert not drawn[want == 0].any(), "a token the truncation excludes was drawn"
+    assert chi_square_p(drawn, want) > 1e-3  # seeded: the same draws every run
+    # what it costs: nearly every draw from the bounds and a few rows, far fewer than the whole head's
+    assert fallbacks <= n // 20 and rows < n * BIG_V / 10
+
+
+def test_the_distribution_check_tells_a_near_miss_apart() -> None:
+    """The test above can fail: draws from temperature 0.75 judged against 0.7 are rejected."""
+    logits = _big_logits()
+    drawn, _, _ = bounded_draws(logits, SamplingParams(temperature=0.75, top_p=0.9, seed=1), 12000)
+    assert chi_square_p(drawn, target(logits, SamplingParams(temperature=0.7, top_p=0.9), Counter())) < 1e-6
+
+
+def test_bounded_greedy_is_the_first_maximum_of_the_penalised_logits() -> None:
+    logits = np.round(_big_logits(1), 1)  # ties among the top logits
+    counts = Counter({int(np.argmax(logits)): 1})
+    for params in (SamplingParams(), SamplingParams(presence_penalty=0.3), SamplingParams(repetition_penalty=1.5)):
+        s = Sampler(params)
+        s.output_counts.update(counts)
+        s.seen |= set(counts) if params.repetition_penalty != 1 else set()
+        adj = s.penalise(np.arange(BIG_V), logits)
+        tok = s.draw_bounded(logits - 0.2, logits + 0.2, lambda ids: logits[ids], 1000)
+        assert int(tok) == int(np.argmax(adj))
+
+
+def test_bounded_draw_gives_the_step_to_the_full_head_when_rows_run_out_or_a_bound_is_wrong() -> None:
+    logits = _big_logits(2)
+    # top_k 200 needs at least 200 rows: with 100 allowed, the caller reads the whole head
+    assert Sampler(SamplingParams(temperature=1.0, top_k=200)).draw_bounded(logits - 0.1, logits + 0.1, lambda i: logits[i], 100) is None
+    # a bound the exact logit breaks: refused, never drawn from
+    lo, up = logits - 0.1, logits + 0.1
+    up[np.argmax(logits)] -= 0.5
+    s = Sampler(SamplingParams(temperature=0.05, seed=0))  # nearly every proposal is the broken row
+    assert s.draw_bounded(lo, up, lambda i: logits[i], 1000) is None
+    # loose bounds: proposals keep being rejected, and after REJECTION_TRIES the step goes to the full head
+    from tasks.engines.sampling import REJECTION_TRIES
+
+    s = Sampler(SamplingParams(temperature=0.1, seed=0))
+    assert s.draw_bounded(logits - 0.1, logits + 30.0, lambda i: logits[i], 10**6) is None
+    assert s.rescored <= REJECTION_TRIES
 
 
 def test_set_fields_and_plain_greedy() -> None:
