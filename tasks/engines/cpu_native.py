@@ -9,8 +9,11 @@ tasks/architecture.py describes (Llama 3.x, Mistral, Qwen2/2.5, Qwen3, Gemma 2, 
   fp32 sum over groups differ from the fake-quantized HF model (logits within 0.5e-4 to 2.5e-4 of their
   largest magnitude, the same greedy tokens; BENCHMARKS.md). Unpacking int4 this way takes 2.75 ALU ops
   per 16 weights, shared by every stream in the step, so a second stream adds only its multiply-adds.
-  Dense checkpoints, and quantized schemes the int4 kernel cannot hold (8-bit, group size != 64,
-  act-order, mixed recipes) with `inexact_weights: dequantize`, run fp32 weights and fp32 activations
+  8-bit weights (W8A16, the 8-bit half of mixed recipes) run the same way through an int8 kernel
+  (q4.c's q8w_gemm): each linear takes the kernel of its own width. Per-channel scales and groups of a
+  multiple of 64 columns are repeated into 64-column groups at build, so they run exactly too.
+  Dense checkpoints, and quantized schemes the kernels cannot hold (other widths, groups that are not a
+  multiple of 64, act-order) with `inexact_weights: dequantize`, run fp32 weights and fp32 activations
   through an fp32 kernel of the same shape; engine.json says so under "dequantized".
 * Greedy decoding uses an exact-argmax lm_head: an int8 per-row copy of the fp32 head (times the int16
   activations) gives approximate logits, a per-row Cauchy-Schwarz bound (which includes the activation
@@ -75,8 +78,8 @@ from tasks.engines.checkpoint import (
     InexactWeights,
     WeightScheme,
     copy_tokenizer_files,
-    int4_group_scheme,
     layer,
+    layer_scheme,
     load_dequantized,
     load_tensors,
     read_config,
@@ -90,7 +93,8 @@ BACKEND = "cpu_native"
 WEIGHTS = "weights.safetensors"
 # 2: int4 words of 4 nibbles for the int16-activation kernels; row-major int8 head. 3: the family description in
 # engine.json's "architecture" (tasks/architecture.py), norms with their offset folded in, biases and q/k norms.
-FORMAT_VERSION = 3
+# 4: int8 weights (W8A16, the 8-bit half of mixed recipes) row-major with int16 zero points; scales per 64 columns.
+FORMAT_VERSION = 4
 SOURCE = Path(__file__).resolve().parent / "native" / "q4.c"
 CACHE_ENV = "EDGEFLOW_NATIVE_CACHE"
 CC_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC")
@@ -114,8 +118,8 @@ class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     inexact_weights: Literal["dequantize", "error"] = Field(
-        default="dequantize", description="Quantized weights the int4 g64 kernel cannot hold exactly (8-bit, another "
-        "group size, act-order, several schemes): 'dequantize' runs the exactly dequantized fp32 weights (same "
+        default="dequantize", description="Quantized weights the int4/int8 kernels cannot hold exactly (another bit "
+        "width, groups that are not a multiple of 64 columns, act-order): 'dequantize' runs the exactly dequantized fp32 weights (same "
         "numbers, dense speed; recorded under 'dequantized' in engine.json); 'error' refuses the checkpoint.")
     max_candidates: int = Field(
         default=4096, ge=0, description="Exact-argmax head: above this many candidate rows one full fp32 pass runs "
@@ -128,6 +132,8 @@ _LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_at
             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 _FUSED = (("qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")), ("o", ("self_attn.o_proj",)),
           ("gu", ("mlp.gate_proj", "mlp.up_proj")), ("dn", ("mlp.down_proj",)))
+# q4.c's per-linear kinds by the stored weight's dtype: int4 words, fp32, int8
+_KINDS = {np.dtype(np.uint16): 0, np.dtype(np.float32): 1, np.dtype(np.int8): 2}
 
 
 # --------------------------------------------------------------------------------------------
@@ -308,11 +314,31 @@ def _norms_and_biases(dense: dict[str, np.ndarray], arch: Architecture, i: int) 
     return out
 
 
-def _int4_layer(tensors: dict[str, np.ndarray], prefix: str, scheme: WeightScheme) -> tuple[np.ndarray, ...]:
-    """(q uint8 [out, in], s fp32 [out, G], z uint8 [out, G]) of one linear layer, as the checkpoint stores them
-    (tasks.engines.checkpoint.layer: q - z is exact), with this kernel's shape rule: whole 64-column groups and
-    8-row words."""
+def native_schemes(schemes: dict[str, WeightScheme], where: str) -> dict[str, WeightScheme]:
+    """The checkpoint's config groups, if the kernels run every one exactly: pack-quantized integers of 4 or 8 bits,
+    per channel or in groups of a multiple of 64 columns (repeated into 64-column groups at build), contiguous groups.
+    InexactWeights naming the config group and field otherwise."""
+    for name, sc in schemes.items():
+        g = f"{where} quantization_config.config_groups.{name}"
+        if sc.format != "pack-quantized":
+            raise InexactWeights(f"{g}.format={sc.format!r}: only 'pack-quantized' integers repack into the cpu_native kernels")
+        if sc.bits not in (4, 8) or sc.type != "int":
+            raise InexactWeights(f"{g}.weights: num_bits={sc.bits} type={sc.type!r}; cpu_native runs 4- and 8-bit int weights")
+        if sc.strategy not in ("group", "channel") or (sc.strategy == "group" and (sc.group_size or 0) % GROUP):
+            raise InexactWeights(f"{g}.weights: strategy={sc.strategy!r} group_size={sc.group_size}; cpu_native runs "
+                                 f"per-channel scales or groups of a multiple of {GROUP} columns; this one is not representable")
+        if sc.actorder not in (None, "static", "weight"):
+            raise InexactWeights(f"{g}.weights.actorder={sc.actorder!r}: act-order with a permuted g_idx is not "
+                                 "representable by cpu_native's contiguous groups (use actorder weight or none)")
+    return schemes
+
+
+def _quantized_linear(tensors: dict[str, np.ndarray], prefix: str, schemes: dict[str, WeightScheme]) -> tuple[int, np.ndarray, ...]:
+    """(bits, q uint8 [out, in], s fp32 [out, in/64], z uint8 [out, in/64]) of one linear layer as the checkpoint
+    stores it (tasks.engines.checkpoint.layer: q - z is exact), its scales and zero points repeated to every 64-column
+    group, with the kernels' shape rule: whole 64-column groups and 8-row words."""
     try:
+        scheme = layer_scheme(tensors, prefix, schemes) if len(schemes) > 1 else next(iter(schemes.values()))
         q = layer(tensors, prefix, scheme)
     except InexactWeights:
         raise
@@ -321,7 +347,15 @@ def _int4_layer(tensors: dict[str, np.ndarray], prefix: str, scheme: WeightSchem
     n_out, n_in = q.q.shape
     if n_in % GROUP or n_out % 8:
         raise ValueError(f"{prefix}: weight [{n_out}, {n_in}] is not whole {GROUP}-column groups / 8-row words")
-    return q.q, q.scale, q.zero
+    rep = q.group_size // GROUP
+    return scheme.bits, q.q, np.repeat(q.scale, rep, axis=1), np.repeat(q.zero, rep, axis=1)
+
+
+def pack_int8(q: np.ndarray, s: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q uint8 [N, K] as stored (signed + 128), s fp32 [N, K/64], z uint8 [N, K/64] -> the q8w_gemm layout: w int8
+    = q - 128, s, z int16 = z - 128 (w - z = q - z exactly)."""
+    return (np.ascontiguousarray((q.astype(np.int16) - 128).astype(np.int8)), np.ascontiguousarray(s, np.float32),
+            np.ascontiguousarray(z.astype(np.int16) - 128))
 
 
 def _dense_weights(checkpoint_dir: Path, dequantize: bool) -> dict[str, np.ndarray]:
@@ -343,33 +377,39 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
 
     dequantized: str | None = None
     try:
-        scheme = detect_scheme(checkpoint_dir)
+        schemes = detect_schemes(checkpoint_dir)
     except InexactWeights as e:
         if prof.inexact_weights == "error":
-            raise ValueError(f"{checkpoint_dir}: {e}; cpu_native runs int4 group-{GROUP} weights exactly; "
+            raise ValueError(f"{checkpoint_dir}: {e}; cpu_native runs 4- and 8-bit weights in 64-column groups exactly; "
                              f"{FIX}, or profile inexact_weights: dequantize") from e
-        scheme, dequantized = None, str(e)
+        schemes, dequantized = None, str(e)
 
     out: dict[str, np.ndarray] = {}
-    if scheme is not None:
+    bits_used: set[int] = set()
+    if schemes is not None:
         tensors = load_tensors(checkpoint_dir)
         if any(k.startswith("lm_head.weight_") for k in tensors):
             raise ValueError(f"{checkpoint_dir}: the lm_head is quantized; cpu_native runs an fp32 lm_head only; {FIX}")
         try:
             for i in range(arch.num_hidden_layers):
-                parts = {n: _int4_layer(tensors, f"model.layers.{i}.{n}", scheme) for n in _LINEARS}
+                parts = {n: _quantized_linear(tensors, f"model.layers.{i}.{n}", schemes) for n in _LINEARS}
                 for fused, names in _FUSED:
-                    q, s, z = (np.concatenate([parts[n][j] for n in names]) for j in range(3))
-                    w, si, zi = pack_int4(q, s, z)
+                    bits = {parts[n][0] for n in names}
+                    if len(bits) != 1:
+                        raise InexactWeights(f"layer {i}: {', '.join(names)} mix {sorted(bits)}-bit weights; cpu_native "
+                                             "runs them as one fused matrix of one width")
+                    q, sc, z = (np.concatenate([parts[n][j] for n in names]) for j in (1, 2, 3))
+                    w, si, zi = (pack_int4 if bits == {4} else pack_int8)(q, sc, z)
                     out[f"layers.{i}.{fused}.w"], out[f"layers.{i}.{fused}.s"], out[f"layers.{i}.{fused}.z"] = w, si, zi
-        except InexactWeights as e:  # found in the tensors (act-order g_idx)
+                    bits_used |= bits
+        except InexactWeights as e:  # found in the tensors (act-order g_idx, mixed widths in a fused matrix)
             if prof.inexact_weights == "error":
                 raise ValueError(f"{checkpoint_dir}: {e}; {FIX}, or profile inexact_weights: dequantize") from e
-            scheme, dequantized, out = None, str(e), {}
+            schemes, dequantized, out, bits_used = None, str(e), {}, set()
         else:
             dense = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()
                      if not k.rpartition(".")[2].startswith("weight_")}
-    if scheme is None:
+    if schemes is None:
         dense = _dense_weights(checkpoint_dir, dequantize=dequantized is not None)
         for i in range(arch.num_hidden_layers):
             for fused, names in _FUSED:
@@ -397,7 +437,7 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
     return edir.write_meta(out_dir, edir.EngineMeta(
         backend=BACKEND,
         format=f"cpu_native weights v{FORMAT_VERSION}",
-        precision="int4" if scheme is not None else "fp32",  # what the layers compute with (report column)
+        precision="+".join(f"int{b}" for b in sorted(bits_used)) or "fp32",  # what the layers compute with (report column)
         checkpoint_sha256=sha256_tree(checkpoint_dir),
         dequantized=dequantized and {"reason": dequantized, "checkpoint_quantization": config["quantization_config"]},
         files=[WEIGHTS],
@@ -407,10 +447,10 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
         **kernel,
         numpy=np.__version__,
         required_isa=list(REQUIRED_ISA),
-        weights="int4-g64" if scheme is not None else "fp32",
-        # what the int4 and head kernels multiply the weights with (fp32 weights take fp32 activations)
-        activations="int16 per 64-group" if scheme is not None else "fp32",
-        quantization=scheme.summary() if scheme else None,
+        weights="+".join(f"int{b}" for b in sorted(bits_used)) + "-g64" if bits_used else "fp32",
+        # what the int4/int8 and head kernels multiply the weights with (fp32 weights take fp32 activations)
+        activations="int16 per 64-group" if bits_used else "fp32",
+        quantization=_summary(schemes) if schemes else None,
         lm_head={"exact_argmax": "int8 per-row bound + fp32 rescoring", "score": "fp32",
                  "tied": head is embed, "vocab_size": int(head.shape[0])},
         sampling={"method": "exact: the distribution of the fp32 logits (rejection sampling against the int8 per-row "
@@ -425,14 +465,21 @@ def build(checkpoint_dir: Path, out_dir: Path, profile: dict) -> dict:
     ))
 
 
-def detect_scheme(checkpoint_dir: Path) -> WeightScheme | None:
-    """None for a dense checkpoint; its scheme if the int4 kernel runs it exactly (int4, groups of 64).
+def detect_schemes(checkpoint_dir: Path) -> dict[str, WeightScheme] | None:
+    """None for a dense checkpoint; its config groups if the kernels run each exactly (native_schemes).
 
     InexactWeights for other weight-only schemes; ValueError naming the field for anything no engine builds.
     """
     where = f"{checkpoint_dir}/config.json"
     schemes = weight_schemes(read_config(checkpoint_dir), where, engine="cpu_native")
-    return None if schemes is None else int4_group_scheme(schemes, where, (GROUP,), "the cpu_native int4 kernel")
+    return None if schemes is None else native_schemes(schemes, where)
+
+
+def _summary(schemes: dict[str, WeightScheme]) -> dict[str, Any]:
+    """engine.json "quantization": the one scheme's summary, or each config group's for a mixed recipe."""
+    if len(set(schemes.values())) == 1:
+        return next(iter(schemes.values())).summary()
+    return {name: sc.summary() for name, sc in schemes.items()}
 
 
 def build_identity() -> str:
@@ -566,9 +613,10 @@ def load(engine_dir: Path) -> NativeSession:
     lib = _library()
     t = {k: np.ascontiguousarray(v) for k, v in load_file(str(engine_dir / WEIGHTS)).items()}
     arch = Architecture.model_validate(meta["architecture"])
-    kind = 0 if meta["weights"].startswith("int4") else 1
     rows = []
     for i in range(arch.num_hidden_layers):
+        # q4.c's layer_t.kind: 2 bits per fused linear, told by how it is stored (uint16 int4 words, int8, fp32)
+        kind = sum(_KINDS[t[f"layers.{i}.{f}.w"].dtype] << (2 * j) for j, (f, _) in enumerate(_FUSED))
         row = dict.fromkeys(_COLUMNS, 0) | {"kind": kind, "window": arch.window(i) or 0}
         for col in _COLUMNS:  # linears are stored as "qkv.w", "qkv.s", ...; the rest by their layer_t name
             name = f"layers.{i}." + (col.replace("_", ".") if col[-2:] in ("_w", "_s", "_z") else col)

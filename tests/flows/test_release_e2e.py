@@ -618,10 +618,10 @@ def test_gate_nobody_can_pass_keeps_aliases_recalibrates_and_reports(services, t
     parent = c.get_run(report["mlflow_parent_run_id"])
     stages = {r.data.tags["edgeflow.stage"] for r in c.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")}
     assert {"calibrate-attempt1", "quantize-awq-w4a16-attempt1", "consistency-attempt1"} <= stages
-    # attempt 1 also tried the first, less aggressive fallback variant (built dequantized on the CPU engine)
+    # attempt 1 also tried the first, less aggressive fallback variant (int8 attention, int4 MLP on the CPU engine)
     assert "quantize-mixed-w8attn-w4mlp-attempt1" in stages and "quantize-mixed-w8attn-w4mlp" not in stages
     rows = {r["name"]: r for r in report["variants"]}
-    assert rows["mixed-w8attn-w4mlp"]["engine_precision"] == "fp32 (dequantized)" and not rows["mixed-w8attn-w4mlp"]["passed"]
+    assert rows["mixed-w8attn-w4mlp"]["engine_precision"] == "int4+int8" and not rows["mixed-w8attn-w4mlp"]["passed"]
 
 
 @pytest.mark.extended  # `make test-all` only: docs/development/tests.md

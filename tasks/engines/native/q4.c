@@ -26,6 +26,12 @@
 //    adds only its own multiply-adds.
 //    Layout: w [N][G][16] uint16, word i of row n's group g = q[i] | q[16+i] << 4 | q[32+i] << 8 | q[48+i] << 12
 //    (indices within the group); s fp32 [N][G], z int16 [N][G].
+// 1b. q8w_gemm: the same for 8-bit weights (W8A16, and the 8-bit half of mixed recipes):
+//    y[m, n] = sum_g s[n, g] * xs[m, g] * sum_{k in g} (w[n, k] - z[n, g]) * xq[m, k], with w the checkpoint's
+//    integer minus 128 (int8) and z its zero point minus 128 (0 when symmetric), so w - z is the stored q - z
+//    exactly. Per-channel and larger groups arrive as per-64-group scales (repeated at build). Each vpmaddwd
+//    lane (2 products, |q - z| <= 255: < 2^24) converts to fp32 exactly; the four per group are summed in fp32.
+//    Layout: w int8 [N][K] row-major, s fp32 [N][G], z int16 [N][G].
 // 2. f32_gemm: y = x @ W^T for plain fp32 weights [N, K] (dense checkpoints, dequantized schemes), fp32 throughout.
 // 3. head_argmax: exact greedy argmax of x . E_r over the fp32 lm_head E [V, K] from an int8 per-row
 //    copy Ehat (row-major [Vp][Kp], K zero-padded to a multiple of 64) and int16 activations xhat (one scale).
@@ -301,6 +307,69 @@ void q4i_gemm(const float* x, int M, int K, int N, const uint16_t* w, const floa
     _mm_free(xq); _mm_free(xs);
 }
 
+// ---------------------------------------------------------------------------------------------- int8 weights
+// As q4a_rows with 8-bit weights (header, 1b.): a group of 64 is 64 bytes, sign-extended to four int16 vectors.
+#define DEFINE_Q8W(MM)                                                                                       \
+static void q8w_rows_##MM(const int16_t* xq, const float* xs, int K, int N, const int8_t* w,             \
+                          const float* s, const int16_t* z, float* y, int r0, int r1) {                      \
+    const int G = K / 64;                                                                                    \
+    for (int n = r0; n < r1; n++) {                                                                          \
+        const int8_t* wn = w + (size_t)n * K; const float* sn = s + (size_t)n * G;                           \
+        const int16_t* zn = z + (size_t)n * G;                                                               \
+        __m256 acc[MM]; float sx[MM * G];                                                                    \
+        for (int m = 0; m < MM; m++) {                                                                       \
+            acc[m] = _mm256_setzero_ps(); int g = 0; const float* xsm = xs + (size_t)m * G;                  \
+            for (; g + 8 <= G; g += 8)                                                                       \
+                _mm256_storeu_ps(sx + m * G + g, _mm256_mul_ps(_mm256_loadu_ps(sn + g), _mm256_loadu_ps(xsm + g))); \
+            for (; g < G; g++) sx[m * G + g] = sn[g] * xsm[g];                                              \
+        }                                                                                                    \
+        for (int g = 0; g < G; g++) {                                                                        \
+            const int8_t* b = wn + g * 64;                                                                   \
+            _mm_prefetch((const char*)(b + 1024), _MM_HINT_T0);                                              \
+            const __m256i zz = _mm256_set1_epi16(zn[g]);                                                     \
+            const __m256i u0 = _mm256_sub_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)b)), zz);        \
+            const __m256i u1 = _mm256_sub_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(b + 16))), zz); \
+            const __m256i u2 = _mm256_sub_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(b + 32))), zz); \
+            const __m256i u3 = _mm256_sub_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(b + 48))), zz); \
+            for (int m = 0; m < MM; m++) {                                                                   \
+                const __m256i* xm = (const __m256i*)(xq + (size_t)m * K + g * 64);                           \
+                __m256 f = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(u0, _mm256_loadu_si256(xm))),           \
+                                         _mm256_cvtepi32_ps(_mm256_madd_epi16(u1, _mm256_loadu_si256(xm + 1))));      \
+                f = _mm256_add_ps(f, _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(u2, _mm256_loadu_si256(xm + 2))), \
+                                                   _mm256_cvtepi32_ps(_mm256_madd_epi16(u3, _mm256_loadu_si256(xm + 3))))); \
+                acc[m] = _mm256_fmadd_ps(f, _mm256_broadcast_ss(sx + m * G + g), acc[m]);                     \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int m = 0; m < MM; m++) y[(size_t)m * N + n] = hsum(acc[m]);                                    \
+    }                                                                                                        \
+}
+DEFINE_Q8W(1) DEFINE_Q8W(2) DEFINE_Q8W(3) DEFINE_Q8W(4)
+
+typedef struct { const int16_t* xq; const float* xs; int M, K, N; const int8_t* w; const float* s; const int16_t* z; float* y; } q8w_job;
+
+static void q8w_region(void* p, int tid, int nth) {
+    const q8w_job* j = (const q8w_job*)p; const int M = j->M, K = j->K, N = j->N, G = K / 64;
+    SPLIT_ROWS
+    for (int m0 = 0; m0 < M; m0 += 4) {
+        const int mm = M - m0 < 4 ? M - m0 : 4;
+        const int16_t* q = j->xq + (size_t)m0 * K; const float* a = j->xs + (size_t)m0 * G;
+        float* ym = j->y + (size_t)m0 * N;
+        switch (mm) { case 1: q8w_rows_1(q, a, K, N, j->w, j->s, j->z, ym, r0, r1); break;
+                      case 2: q8w_rows_2(q, a, K, N, j->w, j->s, j->z, ym, r0, r1); break;
+                      case 3: q8w_rows_3(q, a, K, N, j->w, j->s, j->z, ym, r0, r1); break;
+                      default: q8w_rows_4(q, a, K, N, j->w, j->s, j->z, ym, r0, r1); } }
+}
+
+void q8w_gemm(const float* x, int M, int K, int N, const int8_t* w, const float* s, const int16_t* z, float* y, void* team) {
+    const int G = K / 64;
+    int16_t* xq = (int16_t*)_mm_malloc((size_t)M * K * sizeof(int16_t), 32);
+    float* xs = (float*)_mm_malloc((size_t)M * G * sizeof(float), 32);
+    quantize_rows(x, M, K, xq, xs);
+    q8w_job j = {xq, xs, M, K, N, w, s, z, y};
+    team_run((team_t*)team, q8w_region, &j);
+    _mm_free(xq); _mm_free(xs);
+}
+
 // ---------------------------------------------------------------------------------------------- fp32
 // MM activation rows times R weight rows: MM * R accumulators, MM activation vectors and one weight vector live in
 // registers. 4 x 3 (17 vectors for AVX2's 16 ymm registers) against the 4 x 4 before it (21, spilling), with the
@@ -511,7 +580,8 @@ static inline __m256 exp8(__m256 x) {
 }
 
 // ---------------------------------------------------------------------------------------------- decoder step
-// Per layer: pointers to its tensors (0: absent); kind 0 = int4 (w, s, z), 1 = fp32 (w only). Norm weights arrive
+// Per layer: pointers to its tensors (0: absent); kind: 2 bits per linear (qkv, o, gate/up, down from the lowest),
+// each 0 = int4 (w, s, z), 1 = fp32 (w only), 2 = int8 (w, s, z). Norm weights arrive
 // with any family offset folded in (Gemma's 1 + w, at build). window: keys a query sees, itself included (0: all).
 typedef struct { int64_t ln1, qkv_w, qkv_s, qkv_z, o_w, o_s, o_z, ln2, gu_w, gu_s, gu_z, dn_w, dn_s, dn_z, kind, window,
                  qkv_b, o_b, q_norm, k_norm, post_attn, post_ffn, cos, sin; } layer_t;
@@ -521,6 +591,7 @@ typedef struct { int act; float attn_scale; float attn_softcap; float pad; } fam
 
 static void linear(const float* x, int M, int K, int N, int64_t kind, int64_t w, int64_t s, int64_t z, float* y, void* team) {
     if (kind == 1) f32_gemm(x, M, K, N, (const float*)w, y, team);
+    else if (kind == 2) q8w_gemm(x, M, K, N, (const int8_t*)w, (const float*)s, (const int16_t*)z, y, team);
     else q4i_gemm(x, M, K, N, (const uint16_t*)w, (const float*)s, (const int16_t*)z, y, team);
 }
 
@@ -652,7 +723,7 @@ void llama_step(int M, const int* pos, const int* slot, float* h, const layer_t*
     for (int l = 0; l < nL; l++) {
         const layer_t* L = Ls + l;
         rmsnorm(h, (const float*)L->ln1, xn, M, Hd, eps);
-        linear(xn, M, Hd, NQKV, L->kind, L->qkv_w, L->qkv_s, L->qkv_z, qkv, team);
+        linear(xn, M, Hd, NQKV, (L->kind >> 0) & 3, L->qkv_w, L->qkv_s, L->qkv_z, qkv, team);
         add_bias(qkv, M, NQKV, L->qkv_b);
         for (int m = 0; m < M; m++) {  // q/k norms, RoPE and KV write for every row first: a prefill chunk is causal
             float* q = qkv + (size_t)m * NQKV; float* k = q + Q; float* v = k + KV * hd;
@@ -667,14 +738,14 @@ void llama_step(int M, const int* pos, const int* slot, float* h, const layer_t*
         attn_job aj = {M, H, KV, hd, Q, NQKV, maxlen, (int)L->window, pos, slot, qkv, kc + l * cstride_l, vc + l * cstride_l,
                        cstride_s, cstride_h, fam->attn_scale, fam->attn_softcap, sc, att};
         team_run((team_t*)team, attention_region, &aj);
-        linear(att, M, Q, Hd, L->kind, L->o_w, L->o_s, L->o_z, tmp, team);
+        linear(att, M, Q, Hd, (L->kind >> 2) & 3, L->o_w, L->o_s, L->o_z, tmp, team);
         add_bias(tmp, M, Hd, L->o_b);
         if (L->post_attn) rmsnorm(tmp, (const float*)L->post_attn, tmp, M, Hd, eps);
         for (int i = 0; i < M * Hd; i++) h[i] += tmp[i];
         rmsnorm(h, (const float*)L->ln2, xn, M, Hd, eps);
-        linear(xn, M, Hd, 2 * I, L->kind, L->gu_w, L->gu_s, L->gu_z, gu, team);
+        linear(xn, M, Hd, 2 * I, (L->kind >> 4) & 3, L->gu_w, L->gu_s, L->gu_z, gu, team);
         for (int m = 0; m < M; m++) glu_row(gu + (size_t)m * 2 * I, act + (size_t)m * I, I, fam->act);
-        linear(act, M, I, Hd, L->kind, L->dn_w, L->dn_s, L->dn_z, tmp, team);
+        linear(act, M, I, Hd, (L->kind >> 6) & 3, L->dn_w, L->dn_s, L->dn_z, tmp, team);
         if (L->post_ffn) rmsnorm(tmp, (const float*)L->post_ffn, tmp, M, Hd, eps);
         for (int i = 0; i < M * Hd; i++) h[i] += tmp[i];
     }

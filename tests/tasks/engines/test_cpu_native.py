@@ -49,14 +49,32 @@ def _kernel_cache(tmp_path_factory) -> None:
     mp.undo()
 
 
-def _rtn(dense: Path, out: Path, symmetric: bool, group_size: int = 64) -> Path:
+def _w(bits: int, symmetric: bool, group_size: int | None) -> dict:
+    strategy = {"strategy": "group", "group_size": group_size} if group_size else {"strategy": "channel"}
+    return {"num_bits": bits, "type": "int", "symmetric": symmetric} | strategy
+
+
+# name -> config groups ({group: (targets, weights)}), as llm-compressor's recipes write them
+RTN_VARIANTS = {
+    "asym": {"group_0": (["Linear"], _w(4, False, 64))},
+    "sym": {"group_0": (["Linear"], _w(4, True, 64))},
+    "asym_g32": {"group_0": (["Linear"], _w(4, False, 32))},
+    "sym_g128": {"group_0": (["Linear"], _w(4, True, 128))},
+    "w8": {"group_0": (["Linear"], _w(8, True, None))},  # gptq-w8a16-sym.yaml's scheme
+    "w8_asym_g128": {"group_0": (["Linear"], _w(8, False, 128))},
+    "mixed": {"attention_w8": (["re:.*self_attn\\.(q|k|v|o)_proj$"], _w(8, True, None)),  # mixed-w8attn-w4mlp.yaml's
+              "mlp_w4": (["re:.*mlp\\.(gate|up|down)_proj$"], _w(4, True, 64))},
+}
+
+
+def _rtn(dense: Path, out: Path, groups: dict) -> Path:
     from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import QuantizationModifier
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(dense, dtype=torch.float32)
-    weights = {"num_bits": 4, "type": "int", "symmetric": symmetric, "strategy": "group", "group_size": group_size}
-    recipe = QuantizationModifier(config_groups={"group_0": {"targets": ["Linear"], "weights": weights}}, ignore=["lm_head"])
+    recipe = QuantizationModifier(config_groups={g: {"targets": t, "weights": w} for g, (t, w) in groups.items()},
+                                  ignore=["lm_head"])
     oneshot(model=model, recipe=recipe, output_dir=str(out), save_compressed=True)
     return out
 
@@ -77,8 +95,7 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 
     class _Lazy(dict):
         def __missing__(self, name: str) -> Path:
-            sym, gs = {"asym": (False, 64), "sym": (True, 64), "asym_g32": (False, 32)}[name]
-            self[name] = _rtn(root / "dense", root / name, sym, gs)
+            self[name] = _rtn(root / "dense", root / name, RTN_VARIANTS[name])
             return self[name]
 
     return _Lazy(dense=root / "dense", untied=root / "untied")
@@ -123,7 +140,7 @@ def _hf(path: Path):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("variant", ["asym", "sym", "dense", "untied"])
+@pytest.mark.parametrize("variant", ["asym", "sym", "dense", "untied", "sym_g128", "w8", "w8_asym_g128", "mixed"])
 def test_matches_hf(variant: str, checkpoints, sessions, record_property) -> None:
     model = _hf(checkpoints[variant])
     session = sessions[variant]
@@ -138,8 +155,10 @@ def test_matches_hf(variant: str, checkpoints, sessions, record_property) -> Non
         max_diff = max(max_diff, float(np.abs(logits - ref).max()))
     record_property("max_abs_logit_diff", max_diff)
     assert max_diff < 1e-3
-    assert session.meta["weights"] == ("int4-g64" if variant in ("asym", "sym") else "fp32")
-    assert session.meta["activations"] == ("int16 per 64-group" if variant in ("asym", "sym") else "fp32")
+    weights = {"dense": "fp32", "untied": "fp32", "w8": "int8-g64", "w8_asym_g128": "int8-g64", "mixed": "int4+int8-g64"}
+    assert session.meta["weights"] == weights.get(variant, "int4-g64")  # each scheme runs natively, none dequantized
+    assert session.meta["dequantized"] is None
+    assert session.meta["activations"] == ("fp32" if variant in ("dense", "untied") else "int16 per 64-group")
     assert session.meta["lm_head"]["tied"] is (variant != "untied")
 
 
@@ -427,8 +446,8 @@ def _edit_group(ckpt: Path, dst: Path, **weights) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("edit, message", [({"num_bits": 8}, "num_bits=8"), ({"group_size": 128}, "group_size=128"),
-                                           ({"actorder": "group"}, "actorder='group'")])
+@pytest.mark.parametrize("edit, message", [({"num_bits": 2}, "num_bits=2"), ({"group_size": 32}, "group_size=32"),
+                                           ({"actorder": "group"}, "actorder='group'"), ({"type": "float"}, "type='float'")])
 def test_inexact_scheme_is_refused_when_asked_to(edit, message, checkpoints, tmp_path: Path) -> None:
     bad = _edit_group(checkpoints["asym"], tmp_path / "bad", **edit)
     with pytest.raises(ValueError, match=f"{message}.*engine.backend: cpu"):
