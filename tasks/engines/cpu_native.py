@@ -51,7 +51,6 @@ anything else runnable) before they sleep. `SPIN_US_DEFAULT` says why the defaul
 from __future__ import annotations
 
 import ctypes
-import functools
 import hashlib
 import os
 import queue
@@ -211,6 +210,7 @@ def _library() -> ctypes.CDLL:
             lib.f32_gemm.argtypes = [P, I, I, I, P, P, P]
             lib.head_argmax.argtypes = [P, I, I, I, I, P, P, P, P, P, P, P, I, P, P, P]
             lib.q8i_gemm.argtypes = [P, I, I, I, P, P, P, P, P]
+            lib.head_bounds.argtypes = [P, I, I, I, P, P, P, P, P, P, P, P]
             lib.llama_scratch_floats.argtypes = [I, I, I, I, I, I, I]
             lib.llama_scratch_floats.restype = L
             lib.llama_step.argtypes = [I, P, P, P, P, I, I, I, I, I, I, F, P, P, P, I, I, P, P, P, P]
@@ -550,16 +550,6 @@ class NativeSession:
                 self._rope = {kind: _rope_tables(r.inv_freq(self.arch.head_dim), n) for kind, r in self.arch.rope.items()}
             return self._rope
 
-    @functools.cached_property
-    def head_dn(self) -> np.ndarray:
-        """The int8 head's per-row error norms ||E_r - Ehat_r|| in float64 (head_sample's bound, once per session)."""
-        return self.tensors["head.dn"].astype(np.float64)
-
-    @functools.cached_property
-    def head_en(self) -> np.ndarray:
-        """The head's per-row norms ||E_r|| in float64."""
-        return self.tensors["head.en"].astype(np.float64)
-
     def logits(self, raw: np.ndarray) -> np.ndarray:
         """The model's output logits from the head's x . E_r: Gemma 2's final softcap (cap * tanh(l / cap), in fp32 as
         transformers computes it), else unchanged. Monotone, so the exact argmax of the raw logits is the model's."""
@@ -743,16 +733,11 @@ def head_argmax(session: NativeSession, x: np.ndarray, max_candidates: int | Non
     return tok[:m].tolist(), ncand, [cand[i, :n].tolist() if n >= 0 else [] for i, n in enumerate(ncand)]
 
 
-# The fp32 rounding slack head_argmax adds to its bound (q4.c): (K/8 + K/16 + 8) unit roundoffs, doubled, >= 1e-5.
-def _head_slack(k: int) -> float:
-    return max((k // 8 + k // 16 + 8) * 2.0 * 5.97e-8, 1e-5)
-
-
 def head_sample(session: NativeSession, x: np.ndarray, sampler: Sampler) -> Token:
     """The next token of one stream whose request samples (or penalises, or asks for logprobs).
 
     The int8 head gives a_r and, as in head_argmax, a bound e_r with |x . E_r - a_r| <= e_r, so every logit lies in
-    [a_r - e_r, a_r + e_r]. `Sampler.draw_bounded` draws from those bounds and the fp32 logits of the rows it asks
+    [a_r - e_r, a_r + e_r] (q4.c's head_bounds, one pass). `Sampler.draw_bounded` draws from those bounds and the fp32 logits of the rows it asks
     for, exactly from the distribution the full head gives (rejection sampling, see there). When that would take more
     than `max_candidates` rows, and for logprobs (which need the normaliser), the full fp32 head runs instead.
     """
@@ -765,15 +750,10 @@ def head_sample(session: NativeSession, x: np.ndarray, sampler: Sampler) -> Toke
     token = None
     before, reads = sampler.rescored, sampler.head_reads
     if not sampler.params.logprobs:
-        a = np.empty((1, vp), np.float32)
-        dx = np.empty(1, np.float32)
-        session.lib.q8i_gemm(_ptr(x), 1, k, vp, _ptr(t["head.q8"]), _ptr(t["head.q8_scale"]), _ptr(a), _ptr(dx), session.team)
-        xn = float(np.sqrt(np.dot(x[0].astype(np.float64), x[0].astype(np.float64)))) * 1.000001
-        d = float(dx[0])
-        c = d + _head_slack(k) * (xn + d)
-        e = xn * session.head_dn + c * (session.head_en + session.head_dn)
-        approx = a[0, :v].astype(np.float64)
-        lower, upper = approx - e, approx + e
+        a = np.empty(vp, np.float32)
+        lower, upper = np.empty(v, np.float64), np.empty(v, np.float64)
+        session.lib.head_bounds(_ptr(x), k, v, vp, _ptr(t["head.q8"]), _ptr(t["head.q8_scale"]), _ptr(t["head.dn"]),
+                                _ptr(t["head.en"]), _ptr(a), _ptr(lower), _ptr(upper), session.team)
         if session.arch.final_softcap:  # monotone: the capped bounds bound the capped logits
             cap = session.arch.final_softcap
             lower, upper = cap * np.tanh(lower / cap), cap * np.tanh(upper / cap)

@@ -558,6 +558,22 @@ void head_argmax(const float* x, int M, int K, int V, int Vp, const int8_t* wi, 
     }
 }
 
+// lo[r] <= x . E_r <= up[r] for every row of the head (one activation row x [K]), with head_argmax's bound e_r
+// computed the same way; a [Vp] is scratch. What sampling draws from (tasks/engines/sampling.py:draw_bounded).
+void head_bounds(const float* x, int K, int V, int Vp, const int8_t* wi, const float* s, const float* dn,
+                 const float* en, float* a, double* lo, double* up, void* team) {
+    float dx[1];
+    q8i_gemm(x, 1, K, Vp, wi, s, a, dx, team);
+    const double ck = (K / 8 + K / 16 + 8) * 2.0 * 5.97e-8;
+    const float slack = (float)(ck > 1e-5 ? ck : 1e-5);
+    double ss = 0; for (int i = 0; i < K; i++) ss += (double)x[i] * x[i];
+    const float xn = (float)sqrt(ss) * 1.000001f, d = dx[0], c = d + slack * (xn + d);
+    for (int r = 0; r < V; r++) {
+        const float e = fmaf(xn, dn[r], c * (en[r] + dn[r]));
+        lo[r] = (double)a[r] - e; up[r] = (double)a[r] + e;
+    }
+}
+
 // ---------------------------------------------------------------------------------------------- vector exp
 // e^x for 8 floats (Cephes' expf: range reduction by ln 2 in two parts, degree-5 polynomial, 2^n by exponent
 // bits; within 2 ulp of expf over the range used here). Scalar expf would cost each stream ~35k libm calls per

@@ -593,7 +593,7 @@ def test_real_student_parity(tmp_path_factory, record_property) -> None:
     model.save_pretrained(root / "dense")
     tok = AutoTokenizer.from_pretrained(teacher)
     tok.save_pretrained(root / "dense")
-    ckpt = _rtn(root / "dense", root / "asym", symmetric=False)
+    ckpt = _rtn(root / "dense", root / "asym", RTN_VARIANTS["asym"])
     cpu_native.build(ckpt, root / "engine", {})
     session = cpu_native.load(root / "engine")
     hf = _hf(ckpt)

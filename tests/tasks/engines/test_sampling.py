@@ -198,6 +198,21 @@ def test_bounded_draws_follow_the_exact_distribution(name: str) -> None:
     assert fallbacks <= n // 20 and rows < n * BIG_V / 10
 
 
+@pytest.mark.parametrize("name", ["t1.0", "t0.7-top_p0.9", "t0.7-penalties"])
+def test_the_flat_tail_block_keeps_the_draw_exact(name: str, monkeypatch) -> None:
+    """The envelope's tail block (tokens far below the best, held at one flat weight) drawn often: with TAIL_LOG at
+    1.5 temperatures, most of the vocabulary is in it, proposals land there and widen the universe."""
+    from tasks.engines import sampling
+
+    monkeypatch.setattr(sampling, "TAIL_LOG", 1.5)
+    params, counts = SETTINGS[name]
+    logits = _big_logits(3)
+    drawn, _, _ = bounded_draws(logits, params, 6000, counts)
+    want = target(logits, params, counts)
+    assert not drawn[want == 0].any()
+    assert chi_square_p(drawn, want) > 1e-3
+
+
 def test_the_distribution_check_tells_a_near_miss_apart() -> None:
     """The test above can fail: draws from temperature 0.75 judged against 0.7 are rejected."""
     logits = _big_logits()
