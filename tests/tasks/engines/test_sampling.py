@@ -182,6 +182,9 @@ SETTINGS = {
                                       seed=3), Counter({int(i): 1 + int(i) % 3 for i in range(0, BIG_V, 7)})),
     "t1.3-top_p0.5": (SamplingParams(temperature=1.3, top_p=0.5, seed=4), Counter()),
     "t0.9-top_k40-top_p0.8": (SamplingParams(temperature=0.9, top_k=40, top_p=0.8, seed=5), Counter()),
+    "t0.8-top_k40": (SamplingParams(temperature=0.8, top_k=40, seed=6), Counter()),
+    "t1.5-top_k3-penalties": (SamplingParams(temperature=1.5, top_k=3, presence_penalty=1.0, seed=7),
+                              Counter({int(i): 1 for i in range(0, BIG_V, 3)})),
 }
 
 
@@ -198,7 +201,7 @@ def test_bounded_draws_follow_the_exact_distribution(name: str) -> None:
     assert fallbacks <= n // 20 and rows < n * BIG_V / 10
 
 
-@pytest.mark.parametrize("name", ["t1.0", "t0.7-top_p0.9", "t0.7-penalties"])
+@pytest.mark.parametrize("name", ["t1.0", "t0.7-top_p0.9", "t0.7-penalties", "t0.8-top_k40"])
 def test_the_flat_tail_block_keeps_the_draw_exact(name: str, monkeypatch) -> None:
     """The envelope's tail block (tokens far below the best, held at one flat weight) drawn often: with TAIL_LOG at
     1.5 temperatures, most of the vocabulary is in it, proposals land there and widen the universe."""
