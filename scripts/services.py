@@ -246,9 +246,11 @@ def up() -> None:
 
 
 def down() -> None:
+    """Stop this script's processes (<EDGEFLOW_HOME>/run) and the edge servers every profile's deploys started there or
+    in a work directory inside it (tasks/deploy.py writes them under <workdir>/run: `PROFILE=configs/demo-gemma3.yaml
+    make demo` serves from .edgeflow/demo-gemma3/run, which `make down` must stop too)."""
     home = Path(settings()["home"])
-    run = home / "run"
-    pidfiles = sorted(run.glob("*.pid")) if run.exists() else []
+    pidfiles = sorted({*home.glob("run/*.pid"), *home.glob("*/run/edge-*.pid")})
     pids = {pidfile: read_pid(pidfile) for pidfile in pidfiles}
     stop_groups(list(pids.values()), DOWN_STEPS)  # all at once: as long as the slowest, not the sum
     for pidfile, pid in pids.items():
