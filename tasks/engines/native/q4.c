@@ -242,9 +242,9 @@ static void quantize_rows(const float* x, int M, int K, int16_t* xq, float* xs) 
 // one FMA per 64 weights). The products and the 8 per lane (|q - z| <= 15: <= 8 * 15 * 32767 < 2^22) are
 // exact in int32 and in the float they convert to, so each group's sum_k (q - z) xq is exact.
 #define DEFINE_Q4A(MM)                                                                                       \
-static void q4a_rows_##MM(const int16_t* xq, const float* xs, int K, int N, const uint16_t* w,           \
+static void q4a_rows_##MM(const int16_t* xq, const float* xs, int K, int N, const void* wv,             \
                           const float* s, const int16_t* z, float* y, int r0, int r1) {                      \
-    const int G = K / 64; const __m256i mask = _mm256_set1_epi16(15);                                       \
+    const int G = K / 64; const __m256i mask = _mm256_set1_epi16(15); const uint16_t* w = (const uint16_t*)wv; \
     for (int n = r0; n < r1; n++) {                                                                          \
         const uint16_t* wn = w + (size_t)n * G * 16; const float* sn = s + (size_t)n * G;                    \
         const int16_t* zn = z + (size_t)n * G;                                                               \
@@ -281,38 +281,46 @@ DEFINE_Q4A(1) DEFINE_Q4A(2) DEFINE_Q4A(3) DEFINE_Q4A(4)
     int r0 = (int)((long)N * tid / nth), r1 = (int)((long)N * (tid + 1) / nth);
 
 // Any M: one parallel region; each thread takes a range of weight rows and runs the activation rows over
-// it in chunks of 4 (each chunk sharing one unpack). K % 64 == 0.
-typedef struct { const int16_t* xq; const float* xs; int M, K, N; const uint16_t* w; const float* s; const int16_t* z; float* y; } q4_job;
+// it in chunks of 4 (each chunk sharing one unpack). K % 64 == 0. `rows` is the width's row kernels for 1-4
+// activation rows (Q4_ROWS, Q8_ROWS below): the int4 and int8 weights share everything else.
+typedef void (*qrows_fn)(const int16_t* xq, const float* xs, int K, int N, const void* w, const float* s,
+                         const int16_t* z, float* y, int r0, int r1);
+typedef struct { const qrows_fn* rows; const int16_t* xq; const float* xs; int M, K, N; const void* w; const float* s;
+                 const int16_t* z; float* y; } qi_job;
 
-static void q4i_region(void* p, int tid, int nth) {
-    const q4_job* j = (const q4_job*)p; const int M = j->M, K = j->K, N = j->N, G = K / 64;
+static void qi_region(void* p, int tid, int nth) {
+    const qi_job* j = (const qi_job*)p; const int M = j->M, K = j->K, N = j->N, G = K / 64;
     SPLIT_ROWS
     for (int m0 = 0; m0 < M; m0 += 4) {
         const int mm = M - m0 < 4 ? M - m0 : 4;
-        const int16_t* q = j->xq + (size_t)m0 * K; const float* a = j->xs + (size_t)m0 * G;
-        float* ym = j->y + (size_t)m0 * N;
-        switch (mm) { case 1: q4a_rows_1(q, a, K, N, j->w, j->s, j->z, ym, r0, r1); break;
-                      case 2: q4a_rows_2(q, a, K, N, j->w, j->s, j->z, ym, r0, r1); break;
-                      case 3: q4a_rows_3(q, a, K, N, j->w, j->s, j->z, ym, r0, r1); break;
-                      default: q4a_rows_4(q, a, K, N, j->w, j->s, j->z, ym, r0, r1); } }
+        j->rows[mm - 1](j->xq + (size_t)m0 * K, j->xs + (size_t)m0 * G, K, N, j->w, j->s, j->z, j->y + (size_t)m0 * N, r0, r1);
+    }
 }
 
-void q4i_gemm(const float* x, int M, int K, int N, const uint16_t* w, const float* s, const int16_t* z, float* y, void* team) {
+// y [M, N] from x [M, K]: the activations quantized per 64-group, then the width's row kernels over the team.
+static void qi_gemm(const qrows_fn* rows, const float* x, int M, int K, int N, const void* w, const float* s,
+                    const int16_t* z, float* y, void* team) {
     const int G = K / 64;
     int16_t* xq = (int16_t*)_mm_malloc((size_t)M * K * sizeof(int16_t), 32);
     float* xs = (float*)_mm_malloc((size_t)M * G * sizeof(float), 32);
     quantize_rows(x, M, K, xq, xs);
-    q4_job j = {xq, xs, M, K, N, w, s, z, y};
-    team_run((team_t*)team, q4i_region, &j);
+    qi_job j = {rows, xq, xs, M, K, N, w, s, z, y};
+    team_run((team_t*)team, qi_region, &j);
     _mm_free(xq); _mm_free(xs);
+}
+
+static const qrows_fn Q4_ROWS[4] = {q4a_rows_1, q4a_rows_2, q4a_rows_3, q4a_rows_4};
+
+void q4i_gemm(const float* x, int M, int K, int N, const uint16_t* w, const float* s, const int16_t* z, float* y, void* team) {
+    qi_gemm(Q4_ROWS, x, M, K, N, w, s, z, y, team);
 }
 
 // ---------------------------------------------------------------------------------------------- int8 weights
 // As q4a_rows with 8-bit weights (header, 1b.): a group of 64 is 64 bytes, sign-extended to four int16 vectors.
 #define DEFINE_Q8W(MM)                                                                                       \
-static void q8w_rows_##MM(const int16_t* xq, const float* xs, int K, int N, const int8_t* w,             \
+static void q8w_rows_##MM(const int16_t* xq, const float* xs, int K, int N, const void* wv,             \
                           const float* s, const int16_t* z, float* y, int r0, int r1) {                      \
-    const int G = K / 64;                                                                                    \
+    const int G = K / 64; const int8_t* w = (const int8_t*)wv;                                               \
     for (int n = r0; n < r1; n++) {                                                                          \
         const int8_t* wn = w + (size_t)n * K; const float* sn = s + (size_t)n * G;                           \
         const int16_t* zn = z + (size_t)n * G;                                                               \
@@ -345,29 +353,10 @@ static void q8w_rows_##MM(const int16_t* xq, const float* xs, int K, int N, cons
 }
 DEFINE_Q8W(1) DEFINE_Q8W(2) DEFINE_Q8W(3) DEFINE_Q8W(4)
 
-typedef struct { const int16_t* xq; const float* xs; int M, K, N; const int8_t* w; const float* s; const int16_t* z; float* y; } q8w_job;
-
-static void q8w_region(void* p, int tid, int nth) {
-    const q8w_job* j = (const q8w_job*)p; const int M = j->M, K = j->K, N = j->N, G = K / 64;
-    SPLIT_ROWS
-    for (int m0 = 0; m0 < M; m0 += 4) {
-        const int mm = M - m0 < 4 ? M - m0 : 4;
-        const int16_t* q = j->xq + (size_t)m0 * K; const float* a = j->xs + (size_t)m0 * G;
-        float* ym = j->y + (size_t)m0 * N;
-        switch (mm) { case 1: q8w_rows_1(q, a, K, N, j->w, j->s, j->z, ym, r0, r1); break;
-                      case 2: q8w_rows_2(q, a, K, N, j->w, j->s, j->z, ym, r0, r1); break;
-                      case 3: q8w_rows_3(q, a, K, N, j->w, j->s, j->z, ym, r0, r1); break;
-                      default: q8w_rows_4(q, a, K, N, j->w, j->s, j->z, ym, r0, r1); } }
-}
+static const qrows_fn Q8_ROWS[4] = {q8w_rows_1, q8w_rows_2, q8w_rows_3, q8w_rows_4};
 
 void q8w_gemm(const float* x, int M, int K, int N, const int8_t* w, const float* s, const int16_t* z, float* y, void* team) {
-    const int G = K / 64;
-    int16_t* xq = (int16_t*)_mm_malloc((size_t)M * K * sizeof(int16_t), 32);
-    float* xs = (float*)_mm_malloc((size_t)M * G * sizeof(float), 32);
-    quantize_rows(x, M, K, xq, xs);
-    q8w_job j = {xq, xs, M, K, N, w, s, z, y};
-    team_run((team_t*)team, q8w_region, &j);
-    _mm_free(xq); _mm_free(xs);
+    qi_gemm(Q8_ROWS, x, M, K, N, w, s, z, y, team);
 }
 
 // ---------------------------------------------------------------------------------------------- fp32
