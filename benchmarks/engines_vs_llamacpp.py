@@ -3,6 +3,7 @@
     python benchmarks/engines_vs_llamacpp.py --checkpoint fp32=DIR --checkpoint gptq=DIR --rounds 3 \
         [--library native=/path/to/libllama.so] [--backends cpu_native,llama_cpp] [--busy 1] [--out results.json]
     python benchmarks/engines_vs_llamacpp.py --family qwen2 --tokenizer TEACHER_DIR --rounds 3
+    python benchmarks/engines_vs_llamacpp.py --checkpoint fp32=DIR --checkpoint gptq=DIR --llama-bench build   # + llama-bench
 
 `--family MODEL_TYPE` (llama, qwen2, qwen3, gemma3_text, ...) benchmarks a random model of that family shaped like
 the demo student (DEMO_SHAPE: SmolLM2-135M cut to 24 layers; Gemma 3 with its 5:1 sliding/global layers, window 512)
@@ -17,12 +18,18 @@ the installed build is labelled `installed`. Rounds alternate: round r measures 
 process, before round r+1 starts. Per engine it reports the median over rounds of:
 
   decode tok/s   greedy, --new-tokens tokens after a --prompt-tokens prompt (time after the first token)
-  prefill tok/s  prompt tokens / time to first token; TTFT in ms
+  prefill tok/s  a --prefill-tokens prompt (512: eval texts end to end) / its time to the first token
+  TTFT ms        time to the first token of the --prompt-tokens prompt
   2-stream tok/s two generations at once, all tokens / wall time
 and, once, greedy agreement on the gate's prompts (data/eval, 16 tokens each): exact match and matching
 prefix share against the FP model and against the checkpoint's fake-quantized model (both Hugging Face, fp32).
 `--busy N` keeps N other CPU-bound processes running during the timed rounds: an edge device shares its cores
 with the rest of the server, and engines that spin while they wait behave very differently there.
+`--llama-bench PATH` (or `build`) adds, for every GGUF the llama_cpp backend built, llama.cpp's own `llama-bench`
+binary on the same file with the same threads: `-p PREFILL -n NEW` (pp: prompt processing of --prefill-tokens tokens;
+tg: --new-tokens tokens generated from an empty context), no Python in the loop. `build` compiles it once from the
+llama.cpp tree llama-cpp-python's pinned sdist vendors, with the Makefile's LLAMA_CMAKE_ARGS (the ISA `make` builds the
+binding for), into ~/.cache/edgeflow/llama-bench/<pin>-<hash of the options>/ (about 4 minutes on 2 cores).
 Prints a markdown table and the machine (CPU model, ISA flags, compiler, llama.cpp system info), and writes JSON.
 """
 from __future__ import annotations
@@ -103,6 +110,14 @@ def _two_streams(backend, session, prompt: list[int], new_tokens: int) -> float:
     return sum(counts) / (time.perf_counter() - t0)
 
 
+def _prefill(backend, session, prompt: list[int]) -> float:
+    """Prompt tokens per second to the first token of a long prompt (what a 512-token prompt waits)."""
+    t0 = time.perf_counter()
+    for _ in backend.generate(session, prompt, 1, []):
+        break
+    return len(prompt) / (time.perf_counter() - t0)
+
+
 def worker(spec: dict) -> dict:
     from tasks.engines import get_backend
 
@@ -110,6 +125,7 @@ def worker(spec: dict) -> dict:
     session = backend.load(Path(spec["engine"]))
     list(backend.generate(session, spec["prompt"], 4, []))  # warm-up: kernels, caches, threads
     out = _speed(backend, session, spec["prompt"], spec["new_tokens"])
+    out["prefill_tok_s"] = _prefill(backend, session, spec["prefill_prompt"])
     out["two_stream_tok_s"] = _two_streams(backend, session, spec["prompt"], spec["new_tokens"] // 2)
     if spec.get("greedy_prompts"):
         out["continuations"] = [list(map(int, backend.generate(session, p, GREEDY_TOKENS, spec["stop"])))
@@ -181,10 +197,72 @@ def _hf_greedy(model_dir: Path, prompts: list[list[int]], stop: list[int], dequa
     return out
 
 
-def _rounds(a, engines: list[dict], results: dict, refs: dict, prompts, speed_prompt, stop) -> None:
+LLAMA_BENCH_CACHE = Path.home() / ".cache" / "edgeflow" / "llama-bench"
+
+
+def build_llama_bench() -> Path:
+    """llama.cpp's `llama-bench`, compiled once from the tree llama-cpp-python's pinned sdist vendors, with the
+    Makefile's LLAMA_CMAKE_ARGS: the same llama.cpp and ISA as the binding `make` installs."""
+    import hashlib
+    import re
+    import shutil
+    import tarfile
+
+    pin = re.search(r'"(llama-cpp-python==[^"]+)"', (REPO / "pyproject.toml").read_text()).group(1)
+    cmake_args = subprocess.run(["make", "-s", "--no-print-directory", "-C", str(REPO), "--eval", "print-llama-args: ; @echo $(LLAMA_CMAKE_ARGS)",
+                                 "print-llama-args"], capture_output=True, text=True, check=True).stdout.split()
+    key = hashlib.sha256(f"{pin} {' '.join(cmake_args)} {os.uname().machine}".encode()).hexdigest()[:12]
+    out = LLAMA_BENCH_CACHE / f"{pin.split('==')[1]}-{key}"
+    binary = out / "llama-bench"
+    if binary.exists():
+        return binary
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", pin, "-d", tmp],
+                       check=True)
+        [sdist] = Path(tmp).glob("*.tar.gz")
+        with tarfile.open(sdist) as tar:
+            tar.extractall(tmp, filter="data")
+        [src] = Path(tmp).glob("*/vendor/llama.cpp")
+        subprocess.run(["cmake", "-S", str(src), "-B", str(src / "build"), "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
+                        "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+                        "-DLLAMA_BUILD_TOOLS=ON", *cmake_args], check=True, capture_output=True)
+        subprocess.run(["cmake", "--build", str(src / "build"), "--target", "llama-bench", "-j", str(os.cpu_count() or 1)],
+                       check=True, capture_output=True)
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src / "build" / "bin" / "llama-bench", binary)
+    return binary
+
+
+def _llama_bench(binary: str, gguf: Path, prefill: int, new_tokens: int) -> dict:
+    """One run of llama-bench on `gguf`: pp<prefill> and tg<new_tokens> tok/s, the threads cpu_native gets."""
+    from tasks.engines.cpu_host import threads_from_env
+
+    p = subprocess.run([binary, "-m", str(gguf), "-t", str(threads_from_env()), "-p", str(prefill), "-n", str(new_tokens),
+                        "-r", "1", "-o", "json"], capture_output=True, text=True)
+    if p.returncode:
+        raise RuntimeError(f"llama-bench exit {p.returncode}: {p.stderr.strip()[-500:]}")
+    rows = json.loads(p.stdout)
+    pp = next(r["avg_ts"] for r in rows if r["n_prompt"] == prefill and r["n_gen"] == 0)
+    tg = next(r["avg_ts"] for r in rows if r["n_gen"] == new_tokens and r["n_prompt"] == 0)
+    return {"decode_tok_s": tg, "prefill_tok_s": pp, "build": rows[0].get("build_commit"), "cpu_info": rows[0].get("cpu_info")}
+
+
+def _rounds(a, engines: list[dict], results: dict, refs: dict, prompts, speed_prompt, prefill_prompt, stop) -> None:
     for r in range(a.rounds):
         for e in engines:
+            if e["backend"] == "llama-bench":
+                try:
+                    got = _llama_bench(e["library"], Path(e["engine"]) / "model.gguf", a.prefill_tokens, a.new_tokens)
+                except RuntimeError as err:
+                    results[e["name"]]["failed"] = str(err)
+                    print(f"round {r}: {e['name']}: {err}", file=sys.stderr)
+                    continue
+                results[e["name"]]["rounds"].append({k: got[k] for k in ("decode_tok_s", "prefill_tok_s")})
+                results[e["name"]]["llama_bench_build"] = got["build"]
+                print(f"round {r}: {e['name']}: {got['decode_tok_s']:.1f} tok/s", file=sys.stderr)
+                continue
             spec = {"backend": e["backend"], "engine": e["engine"], "prompt": speed_prompt, "new_tokens": a.new_tokens,
+                    "prefill_prompt": prefill_prompt,
                     "greedy_prompts": prompts if r == 0 else [], "stop": stop}
             spec_file = a.work / "spec.json"
             spec_file.write_text(json.dumps(spec))
@@ -214,6 +292,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prompt-tokens", type=int, default=48)
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--prefill-tokens", type=int, default=512, help="the long prompt prefill tok/s is measured on")
+    ap.add_argument("--llama-bench", default=None, help="PATH of llama.cpp's llama-bench, or `build` (see above)")
     ap.add_argument("--gate-prompts", type=int, default=24)
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "edgeflow-engines-vs-llamacpp")
     ap.add_argument("--busy", type=int, default=0, help="CPU-bound processes kept running during the timed rounds")
@@ -246,6 +326,10 @@ def main() -> int:
     seqs = tokenize(eval_texts(sources, 4 * a.gate_prompts, tok), tok, 256)
     prompts = greedy_prompts(seqs, a.gate_prompts)
     speed_prompt = next(s for s in seqs if len(s) >= a.prompt_tokens)[: a.prompt_tokens]
+    prefill_prompt = [t for s in seqs for t in s][: a.prefill_tokens]  # eval texts end to end
+    if len(prefill_prompt) < a.prefill_tokens:
+        ap.error(f"--prefill-tokens {a.prefill_tokens}: the eval texts give {len(prefill_prompt)} tokens; raise --gate-prompts")
+    bench = str(build_llama_bench()) if a.llama_bench == "build" else a.llama_bench
     stop = [int(tok.eos_token_id)]
     libraries = {"installed": None} | dict(x.split("=", 1) for x in a.library)
 
@@ -260,10 +344,14 @@ def main() -> int:
                 except ValueError as e:
                     print(f"skip {cname} on {backend}: {e}", file=sys.stderr)
                     continue
+                precision = meta["precision"] + (" (dequantized)" if meta.get("dequantized") else "")
                 for label, lib in (libraries.items() if backend == "llama_cpp" else [("", None)]):
                     engines.append({"name": f"{cname} / {backend}{suffix}" + (f" [{label}]" if label else ""),
                                     "backend": backend, "library": lib, "engine": str(out), "checkpoint": cname,
-                                    "precision": meta["precision"] + (" (dequantized)" if meta.get("dequantized") else "")})
+                                    "precision": precision})
+                if backend == "llama_cpp" and bench:  # the same GGUF under llama.cpp's own benchmark binary
+                    engines.append({"name": f"{cname} / llama-bench{suffix}", "backend": "llama-bench", "library": bench,
+                                    "engine": str(out), "checkpoint": cname, "precision": precision})
 
     refs = {"fp32": _hf_greedy(fp, prompts, stop, dequantized=False)}
     for cname, cdir in ckpts.items():
@@ -273,16 +361,17 @@ def main() -> int:
     results = {e["name"]: {"rounds": []} | e for e in engines}
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.busy)]
     try:
-        _rounds(a, engines, results, refs, prompts, speed_prompt, stop)
+        _rounds(a, engines, results, refs, prompts, speed_prompt, prefill_prompt, stop)
     finally:
         for p in busy:
             p.kill()
 
     print(f"\n{'family ' + a.family + ' (random, demo student shape); ' if a.family else ''}"
           f"machine: {json.dumps(machine())}; threads: {os.environ.get('EDGEFLOW_ENGINE_THREADS', 'all')}; "
-          f"prompt {a.prompt_tokens} tokens, {a.new_tokens} new, median of {a.rounds} alternating rounds"
+          f"prompt {a.prompt_tokens} tokens, {a.new_tokens} new, prefill of {a.prefill_tokens}, median of {a.rounds} alternating rounds"
           f"{f', {a.busy} busy processes beside them' if a.busy else ''}\n")
-    print("| engine | precision | decode tok/s | prefill tok/s | TTFT ms | 2-stream tok/s | greedy = FP | = fake-quant |")
+    print(f"| engine | precision | decode tok/s | prefill tok/s ({a.prefill_tokens}) | TTFT ms ({a.prompt_tokens}) | "
+          "2-stream tok/s | greedy = FP | = fake-quant |")
     print("|---|---|---|---|---|---|---|---|")
     for name, res in results.items():
         if not res["rounds"]:
@@ -290,6 +379,9 @@ def main() -> int:
             continue
         med = {k: statistics.median(x[k] for x in res["rounds"]) for k in res["rounds"][0]}
         res["median"] = med
+        if res["backend"] == "llama-bench":  # no Python, no sampling, no continuations: speed only
+            print(f"| {name} | {res['precision']} | {med['decode_tok_s']:.1f} | {med['prefill_tok_s']:.0f} | – | – | – | – |")
+            continue
         print(f"| {name} | {res['precision']} | {med['decode_tok_s']:.1f} | {med['prefill_tok_s']:.0f} | {med['ttft_ms']:.1f} | "
               f"{med['two_stream_tok_s']:.1f} | {res['vs_fp']['exact']:.0%} ({res['vs_fp']['prefix']:.0%}) | "
               f"{res['vs_fakeq']['exact']:.0%} ({res['vs_fakeq']['prefix']:.0%}) |")
