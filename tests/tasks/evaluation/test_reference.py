@@ -115,7 +115,9 @@ def test_engine_side_against_the_stored_reference_equals_the_direct_comparison(t
     assert exact["engine_parity"] == pytest.approx(direct["top1_agreement"])
     assert exact["greedy_exact_match"] is not None and 0 <= exact["greedy_exact_match"] <= 1
     part, part_meta = results[8]
-    assert part["kl"] <= exact["kl"] + 1e-9 and part_meta["tail_mass_mean"] > 0
+    # a top-k reference can only lose KL mass; both are float32-stored sums near 0 for this fp32 engine, so the same
+    # rounding allowance as against the direct comparison (with torch held to AVX2 the two differed by 1.7e-9)
+    assert part["kl"] <= exact["kl"] + 1e-7 and part_meta["tail_mass_mean"] > 0
     assert part["top1_agreement"] == exact["top1_agreement"] and part["ppl"] == pytest.approx(exact["ppl"])
 
 
