@@ -25,7 +25,9 @@ tasks/architecture.py describes (Llama 3.x, Mistral, Qwen2/2.5, Qwen3, Gemma 2, 
   upper bounds, rescores that one row in fp32 and accepts it with the exact ratio (rejection sampling);
   top_k rescores the rows that can hold the top k, top_p decides a token's membership from the bounds
   and the rows that keep it open. Logprobs, and a step that would rescore more than `max_candidates`
-  rows, read the full fp32 head. engine.json states the method under "sampling".
+  rows, read the full fp32 head. engine.json states the method under "sampling". Every fp32 logit,
+  rescored or full, is q4.c's head_rows (the greedy head's own sum, on the session's team, never numpy's
+  BLAS threads), and the proposal's envelope is q4.c's head_envelope (sampling.Universe).
 * `score` runs the full fp32 head (one SGEMM over all positions).
 * One decoder step carries up to 16 rows: prefill chunks of the prompts that arrived together, or
   one decode row per stream (up to 4 streams); `generate_batch` decodes several prompts together in
@@ -63,6 +65,7 @@ import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -86,7 +89,9 @@ from tasks.engines.checkpoint import (
 )
 from tasks.engines.cpu_host import ISA_FLAGS, cpu_flags as _cpu_flags, device_fingerprint, int_from_env, threads_from_env
 from tasks.engines.hooks import device_memory_used, device_utilization  # noqa: F401  (backend API: CPU defaults)
-from tasks.engines.sampling import GREEDY, PARAMETERS, REJECTION_TRIES, Sampler, SamplingParams, Token
+from tasks.engines.sampling import (
+    GREEDY, PARAMETERS, REJECTION_TRIES, TAIL_LOG, Sampler, SamplingParams, Token, Universe,
+)
 
 BACKEND = "cpu_native"
 WEIGHTS = "weights.safetensors"
@@ -211,10 +216,14 @@ def _library() -> ctypes.CDLL:
             lib.head_argmax.argtypes = [P, I, I, I, I, P, P, P, P, P, P, P, I, P, P, P]
             lib.q8i_gemm.argtypes = [P, I, I, I, P, P, P, P, P]
             lib.head_bounds.argtypes = [P, I, I, I, P, P, P, P, P, P, P, P]
+            lib.head_rows.argtypes = [P, I, P, P, I, P, P]
+            lib.head_envelope.argtypes = [P, I, ctypes.c_double, ctypes.c_double, P, P, P, P]
+            lib.head_envelope.restype = I
             lib.llama_scratch_floats.argtypes = [I, I, I, I, I, I, I]
             lib.llama_scratch_floats.restype = L
             lib.llama_step.argtypes = [I, P, P, P, P, I, I, I, I, I, I, F, P, P, P, I, I, P, P, P, P]
-            for name in ("q4i_gemm", "f32_gemm", "head_argmax", "q8i_gemm", "llama_step", "team_destroy"):
+            for name in ("q4i_gemm", "f32_gemm", "head_argmax", "head_bounds", "head_rows", "q8i_gemm", "llama_step",
+                         "team_destroy"):
                 getattr(lib, name).restype = None
             lib.team_create.argtypes, lib.team_create.restype = [I, L], P
             lib.team_destroy.argtypes = [P]
@@ -692,16 +701,22 @@ class _Decoder:
 
 
 class _HeadBuffers:
-    """Scratch for head_argmax, kept by a decoder so a step does not map (and page-fault) fresh
-    vocabulary-sized arrays for every row."""
+    """Scratch for head_argmax and head_sample, kept by a decoder so a step does not map (and page-fault) fresh
+    vocabulary-sized arrays for every row: 0.24 ms of head_sample's 0.9 ms on the demo student before it had its own
+    (BENCHMARKS.md). The arrays a sampled step hands to Sampler are views of these, valid until the next step."""
 
     def __init__(self, session: NativeSession, rows: int):
-        vp = session.tensors["head.q8_scale"].shape[0]
+        vp, v = session.tensors["head.q8_scale"].shape[0], session.vocab_size
         self.rows = rows
         self.logits = np.zeros((rows, vp), np.float32)
-        self.cand = np.zeros((rows, session.vocab_size), np.int32)
+        self.cand = np.zeros((rows, v), np.int32)
         self.tok = np.zeros(rows, np.int32)
         self.nc = np.zeros(rows, np.int32)
+        # head_sample: the bounds, then the universe (ids, envelope weights, their running sum; q4.c head_envelope)
+        self.lower, self.upper = np.zeros(v, np.float64), np.zeros(v, np.float64)
+        self.ids = np.zeros(v, np.int32)
+        self.weight, self.cum = np.zeros(v, np.float64), np.zeros(v, np.float64)
+        self.envelope = np.zeros(2, np.float64)
 
 
 def head_argmax(session: NativeSession, x: np.ndarray, max_candidates: int | None = None,
@@ -733,12 +748,37 @@ def head_argmax(session: NativeSession, x: np.ndarray, max_candidates: int | Non
     return tok[:m].tolist(), ncand, [cand[i, :n].tolist() if n >= 0 else [] for i, n in enumerate(ncand)]
 
 
-def head_sample(session: NativeSession, x: np.ndarray, sampler: Sampler) -> Token:
+def head_rows(session: NativeSession, x: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
+    """x . E_r in fp32 for the head rows `ids` (every row when None), from one activation row x [1, hidden]: q4.c's
+    head_rows, the sum head_argmax rescores with (and on the engine's own threads, not numpy's BLAS pool)."""
+    head = session.head
+    if ids is None:
+        out = np.empty(session.vocab_size, np.float32)
+        session.lib.head_rows(_ptr(x), x.shape[1], _ptr(head), None, len(out), _ptr(out), session.team)
+        return out
+    rows = np.ascontiguousarray(ids, np.int32)
+    out = np.empty(len(rows), np.float32)
+    session.lib.head_rows(_ptr(x), x.shape[1], _ptr(head), _ptr(rows), len(rows), _ptr(out), session.team)
+    return out
+
+
+def head_universe(session: NativeSession, buffers: _HeadBuffers, up: np.ndarray, t: float, weights: bool) -> Universe:
+    """sampling.numpy_universe by q4.c's head_envelope, into `buffers`: the same tokens, zmax and cut, with weights that
+    exceed exp(up / t - zmax) by at most 2^-16 (a bound is what the rejection step needs; the draw stays exact)."""
+    up = np.ascontiguousarray(up, np.float64)
+    b = buffers
+    n = session.lib.head_envelope(_ptr(up), len(up), float(t), TAIL_LOG, _ptr(b.ids), _ptr(b.weight) if weights else None,
+                                  _ptr(b.cum) if weights else None, _ptr(b.envelope))
+    zmax, cut = float(b.envelope[0]), float(b.envelope[1])
+    return Universe(b.ids[:n], b.weight[:n] if weights else None, b.cum[:n] if weights else None, zmax, cut)
+
+
+def head_sample(session: NativeSession, x: np.ndarray, sampler: Sampler, buffers: _HeadBuffers | None = None) -> Token:
     """The next token of one stream whose request samples (or penalises, or asks for logprobs).
 
     The int8 head gives a_r and, as in head_argmax, a bound e_r with |x . E_r - a_r| <= e_r, so every logit lies in
-    [a_r - e_r, a_r + e_r] (q4.c's head_bounds, one pass). `Sampler.draw_bounded` draws from those bounds and the fp32 logits of the rows it asks
-    for, exactly from the distribution the full head gives (rejection sampling, see there). When that would take more
+    [a_r - e_r, a_r + e_r] (q4.c's head_bounds, one pass). `Sampler.draw_bounded` draws from those bounds and the fp32
+    logits of the rows it asks for (head_rows), exactly from the distribution the full head gives (rejection sampling, see there). When that would take more
     than `max_candidates` rows, and for logprobs (which need the normaliser), the full fp32 head runs instead.
     """
     x = np.ascontiguousarray(x, np.float32).reshape(1, -1)
@@ -746,21 +786,21 @@ def head_sample(session: NativeSession, x: np.ndarray, sampler: Sampler) -> Toke
     t = session.tensors
     v = session.vocab_size
     vp = t["head.q8_scale"].shape[0]
-    head = session.head
     token = None
     before, reads = sampler.rescored, sampler.head_reads
     if not sampler.params.logprobs:
-        a = np.empty(vp, np.float32)
-        lower, upper = np.empty(v, np.float64), np.empty(v, np.float64)
+        b = buffers if buffers is not None else _HeadBuffers(session, 1)
+        a, lower, upper = b.logits[0], b.lower, b.upper
         session.lib.head_bounds(_ptr(x), k, v, vp, _ptr(t["head.q8"]), _ptr(t["head.q8_scale"]), _ptr(t["head.dn"]),
                                 _ptr(t["head.en"]), _ptr(a), _ptr(lower), _ptr(upper), session.team)
         if session.arch.final_softcap:  # monotone: the capped bounds bound the capped logits
             cap = session.arch.final_softcap
             lower, upper = cap * np.tanh(lower / cap), cap * np.tanh(upper / cap)
-        token = sampler.draw_bounded(lower, upper, lambda ids: session.logits(head[ids] @ x[0]), session.max_candidates)
+        token = sampler.draw_bounded(lower, upper, lambda ids: session.logits(head_rows(session, x, ids)),
+                                     session.max_candidates, partial(head_universe, session, b))
     full = token is None
-    if full:  # numpy's sgemv: memory-bound, as fast as the C fp32 kernel here
-        token = sampler.choose(np.arange(v), session.logits(head @ x[0]))
+    if full:
+        token = sampler.choose(np.arange(v), session.logits(head_rows(session, x)))
     with session._lock:
         st = session.stats
         st["sampled"] += 1
@@ -900,7 +940,7 @@ class _Scheduler:
                 tokens[i] = tok
         for i, r in enumerate(rows):
             if r.sampler is not None:
-                tokens[i] = head_sample(self.s, hs[i:i + 1], r.sampler)
+                tokens[i] = head_sample(self.s, hs[i:i + 1], r.sampler, self.dec.head)
         return tokens
 
     def _account(self, streams: int, prefill_tokens: int, prefill_ns: int, head_ns: int, layers_ns: int, loop_start: int) -> None:

@@ -26,6 +26,7 @@ import secrets
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,6 +35,8 @@ import numpy as np
 # temperature 0.7 most steps accept within the first few; 64 leaves a full pass to steps where the bound is loose or
 # top_p keeps a small share of a flat distribution.
 REJECTION_TRIES = 64
+# Draws of already-rescored tokens in a row after which a proposal rebuilds the envelope's running sum (_Envelope.propose).
+REDRAWS = 8
 # Rows rescored per round while a nucleus membership is undecided (grown 4x per round, up to the caller's cap).
 NUCLEUS_ROWS = 256
 
@@ -173,8 +176,10 @@ class Sampler:
     def penalised_bounds(self, lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Bounds on every token's penalised logit from bounds on its raw one (penalties are monotone)."""
         lo, up = np.asarray(lower, np.float64), np.asarray(upper, np.float64)
+        if not self.params.penalised:
+            return lo, up
         touched = np.asarray(sorted(self.seen | set(self.output_counts)), dtype=np.int64)
-        if not self.params.penalised or not len(touched):
+        if not len(touched):
             return lo, up
         lo, up = lo.copy(), up.copy()
         lo[touched] = self.penalise(touched, lo[touched])
@@ -182,13 +187,15 @@ class Sampler:
         return lo, up
 
     def draw_bounded(self, lower: np.ndarray, upper: np.ndarray, exact: Callable[[np.ndarray], np.ndarray],
-                     max_rows: int) -> Token | None:
+                     max_rows: int, universe: UniverseFn | None = None) -> Token | None:
         """The next token, distributed exactly as `choose` over the whole vocabulary would draw it, from bounds
         lower[i] <= logit[i] <= upper[i] on every raw logit and `exact(ids)`, the exact raw logits of the rows asked
         for. None when the draw is better made from the whole head (top_k or greedy would rescore more than `max_rows`
         rows, or REJECTION_TRIES proposals were all rejected): the caller then reads it and calls `choose`. Either way
         the token has the same distribution: whether None comes back does not depend on which token a proposal was.
-        Not for logprobs, whose normaliser needs every logit.
+        Not for logprobs, whose normaliser needs every logit. `universe` computes the tokens a step works on and their
+        envelope weights (`numpy_universe` by default; cpu_native passes q4.c's, the same set with weights that only
+        bound these from above, which the acceptance ratio makes exact).
 
         * temperature 0: the rows whose upper bound reaches the best lower bound are rescored; the first maximum wins.
         * top_k: the rows whose upper bound reaches the k-th largest lower bound hold the top k; they are rescored and
@@ -196,9 +203,9 @@ class Sampler:
         * otherwise, rejection sampling (`_Envelope`): propose token i with probability proportional to
           exp(upper_i / T), rescore that one row, accept with probability exp((logit_i - upper_i) / T) <= 1. An
           accepted proposal has probability proportional to exp(logit_i / T): the softmax, exactly. A rescored row's
-          bound becomes its exact logit (adaptive rejection sampling: each step is a valid rejection step whatever
-          the envelope learnt before, so the draw stays exact), so a peaked distribution whose favourite was
-          rejected once accepts it the next time. With top_p < 1 an accepted token is kept if it lies in the
+          exact logit is kept for the rest of the step, so proposing it again costs no row (the proposal weights
+          stay; only a proposal in the tail block changes them, and each round is a valid rejection step whatever
+          came before it, so the draw stays exact). With top_p < 1 an accepted token is kept if it lies in the
           nucleus (the tokens before it, in descending logit and ascending id order, hold less than top_p of the
           mass) and drawn again otherwise, which conditions the softmax on the nucleus. Membership is decided
           from the bounds, rescoring the rows that keep it open (`_Envelope.in_nucleus`).
@@ -206,8 +213,10 @@ class Sampler:
         p = self.params
         lo, up = self.penalised_bounds(lower, upper)
         v = len(lo)
+        universe = universe or numpy_universe
         if p.temperature == 0 or (0 < p.top_k < v):
-            ids = np.flatnonzero(up >= float(lo.max())) if p.temperature == 0 else _top_k_rows(lo, up, p.top_k, p.temperature)
+            ids = (np.flatnonzero(up >= float(lo.max())) if p.temperature == 0
+                   else _top_k_rows(lo, up, p.top_k, universe(up, p.temperature, False)))
             if len(ids) > max_rows:
                 return None
             raw = np.asarray(exact(ids), np.float64)
@@ -216,16 +225,16 @@ class Sampler:
             if not np.all((pen >= lo[ids]) & (pen <= up[ids])):
                 return None  # a bound that does not hold would make the draw wrong: refuse the shortcut instead
             return self.choose(ids, raw)
-        env = _Envelope(self, lo, up, exact, max_rows)
+        env = _Envelope(self, lo, up, exact, max_rows, universe(up, p.temperature, True))
         for _ in range(REJECTION_TRIES):
-            k, weight = env.propose(self._rng.random())  # weight: the envelope's at the proposal, before its row tightens it
-            if not env.rescore(np.array([k]), force=True):
+            token, weight = env.propose(self._rng)
+            q = env.exact_logit(token)
+            if q is None:
                 return None
-            if self._rng.random() * weight >= math.exp(env.pen[k] / env.t - env.zmax):
-                continue  # rejected: the bound overstated this row (now exact in the envelope)
-            token = int(env.ids[k])  # before the nucleus test, which may widen the universe (and renumber it)
+            if self._rng.random() * weight >= math.exp(q / env.t - env.zmax):
+                continue  # rejected: the bound overstated this row
             if p.top_p < 1.0:
-                inside = env.in_nucleus(k, p.top_p)
+                inside = env.in_nucleus(token, p.top_p)
                 if inside is None:
                     return None
                 if not inside:
@@ -285,13 +294,38 @@ class Sampler:
 TAIL_LOG = 20.0
 
 
-def _top_k_rows(lo: np.ndarray, up: np.ndarray, k: int, t: float) -> np.ndarray:
+class Universe(NamedTuple):
+    """The tokens a sampled step works on: those whose upper bound is at least `cut` = (zmax - TAIL_LOG) * T, with
+    zmax = max(upper) / T, ascending (`ids`); with weights asked for, each one's envelope weight, at least
+    exp(upper / T - zmax), and their running sum `cum`."""
+
+    ids: np.ndarray
+    weight: np.ndarray | None
+    cum: np.ndarray | None
+    zmax: float
+    cut: float
+
+
+UniverseFn = Callable[[np.ndarray, float, bool], Universe]
+
+
+def numpy_universe(up: np.ndarray, t: float, weights: bool) -> Universe:
+    """The universe of upper bounds `up` at temperature t (numpy; the weights exactly exp(up / t - zmax))."""
+    zmax = float(up.max()) / t
+    cut = (zmax - TAIL_LOG) * t
+    ids = np.flatnonzero(up >= cut)
+    if not weights:
+        return Universe(ids, None, None, zmax, cut)
+    weight = np.exp(up[ids] / t - zmax)
+    return Universe(ids, weight, np.cumsum(weight), zmax, cut)
+
+
+def _top_k_rows(lo: np.ndarray, up: np.ndarray, k: int, near_tokens: Universe) -> np.ndarray:
     """The rows that can be among the k largest logits: upper bound >= the k-th largest lower bound. The threshold is
-    taken among the tokens within TAIL_LOG temperatures of the best upper bound (a lower one: a superset, still
-    holding the top k); a vocabulary-wide partition costs ~0.8 ms a step on the demo's 49,152 tokens."""
+    taken among the universe's tokens, those within TAIL_LOG temperatures of the best upper bound (a lower one: a
+    superset, still holding the top k); a vocabulary-wide partition costs ~0.8 ms a step on the demo's 49,152 tokens."""
     v = len(lo)
-    cut = float(up.max()) - TAIL_LOG * t
-    near = np.flatnonzero(up >= cut)
+    cut, near = near_tokens.cut, near_tokens.ids
     if len(near) >= k:
         threshold = float(np.partition(lo[near], len(near) - k)[len(near) - k])
         if threshold >= cut:  # every token outside `near` has its upper bound below it
@@ -301,32 +335,32 @@ def _top_k_rows(lo: np.ndarray, up: np.ndarray, k: int, t: float) -> np.ndarray:
 
 class _Envelope:
     """draw_bounded's proposal and what it has learnt in one step: the universe of tokens whose upper bound is within
-    TAIL_LOG temperatures of the best (index k into `ids`), their bounds, the exact penalised logits of the rows
-    rescored so far, and each one's envelope weight exp(bound / T - zmax) (exact once rescored), summed in `cum`.
-    The rest of the vocabulary is the tail block: `tail` tokens of weight TAIL_W each, taken into the universe
-    (every row) only if a proposal lands there."""
+    TAIL_LOG temperatures of the best (`ids`, ascending), each one's proposal weight `prop` (at least exp(bound / T -
+    zmax)) summed in `cum`, and the exact penalised logits of the tokens rescored so far (`known`, by token id). The
+    rest of the vocabulary is the tail block: `tail` tokens of weight e^-TAIL_LOG each, taken into the universe (every
+    row) only if a proposal lands there. Proposals keep coming from the same weights after a rescore: a proposal of a
+    known token is accepted with the same exact ratio, so each round is a valid rejection step, and no running sum is
+    rewritten per rescore (that cost ~30 us a rescore over a 40,000-token universe)."""
 
     def __init__(self, sampler: Sampler, lo: np.ndarray, up: np.ndarray, exact: Callable[[np.ndarray], np.ndarray],
-                 max_rows: int):
+                 max_rows: int, start: Universe):
         self.s, self.exact, self.budget = sampler, exact, int(max_rows)
         self.t = sampler.params.temperature
         self.lo_all, self.up_all = lo, up
-        self.zmax = float(up.max()) / self.t
-        self.cut = (self.zmax - TAIL_LOG) * self.t
-        self._universe(np.flatnonzero(up >= self.cut), {})
+        self.zmax, self.cut = start.zmax, start.cut
+        self.known: dict[int, float] = {}
+        self._universe(start.ids, start.weight, start.cum)
 
-    def _universe(self, ids: np.ndarray, known: dict[int, float]) -> None:
+    def _universe(self, ids: np.ndarray, prop: np.ndarray | None = None, cum: np.ndarray | None = None) -> None:
         self.ids = ids
         self.tail = len(self.lo_all) - len(ids)
-        self.up = self.up_all[ids]
-        self._lo: np.ndarray | None = None  # gathered when a nucleus test needs it
-        self.pen = np.full(len(ids), np.nan)
-        self.weight = np.exp(self.up / self.t - self.zmax)
-        for i, q in known.items():
-            k = int(np.searchsorted(ids, i))
-            self.pen[k] = q
-            self.weight[k] = math.exp(q / self.t - self.zmax)
-        self.cum = np.cumsum(self.weight)
+        self._lo = self._up = None  # the universe's bounds, gathered when a nucleus test needs them
+        if prop is None:  # a widened universe: the rescored tokens propose with their exact weights
+            prop = np.exp(self.up_all[ids] / self.t - self.zmax)
+            for i, q in self.known.items():
+                prop[int(np.searchsorted(ids, i))] = math.exp(q / self.t - self.zmax)
+            cum = np.cumsum(prop)
+        self.prop, self.cum = prop, cum
 
     @property
     def lo(self) -> np.ndarray:
@@ -334,69 +368,104 @@ class _Envelope:
             self._lo = self.lo_all[self.ids]
         return self._lo
 
+    @property
+    def up(self) -> np.ndarray:
+        if self._up is None:
+            self._up = self.up_all[self.ids]
+        return self._up
+
     def _widen(self) -> None:
         """Take every token into the universe (a proposal fell in the tail, or a decision needs the tail's order)."""
-        known = {int(self.ids[k]): float(self.pen[k]) for k in np.flatnonzero(~np.isnan(self.pen))}
-        self._universe(np.arange(len(self.lo_all)), known)
+        self._universe(np.arange(len(self.lo_all)))
 
-    def propose(self, u: float) -> tuple[int, float]:
-        """(index k, envelope weight) of a proposal drawn with probability weight / total. A proposal in the tail block
-        has the block's weight e^-TAIL_LOG (its own bound is below it) and widens the universe."""
+    def _tighten(self) -> None:
+        """Proposal weights of the rescored tokens down to their exact ones, and the running sum again."""
+        ks = np.searchsorted(self.ids, np.fromiter(self.known, np.int64, len(self.known)))
+        self.prop[ks] = np.exp(np.fromiter(self.known.values(), np.float64, len(self.known)) / self.t - self.zmax)
+        self.cum = np.cumsum(self.prop)
+
+    def propose(self, rng: np.random.Generator) -> tuple[int, float]:
+        """(token id, weight) of a proposal from the envelope in which every rescored token weighs exactly its softmax
+        weight (adaptive rejection sampling: a rejected token does not draw the next proposals to itself again).
+        That envelope is drawn from without rewriting the running sum per rescore: a draw from `cum` that lands on
+        a rescored token stands with probability exact / proposal weight, and is drawn again otherwise (the mass
+        its rescore removed); after REDRAWS of those in a row the sum is rebuilt. A rescored token comes back with
+        its exact weight, so the caller's acceptance ratio is 1 for it. A proposal in the tail block has the
+        block's weight e^-TAIL_LOG (its own bound is below it) and widens the universe."""
         tail_w = math.exp(-TAIL_LOG)
-        r = u * (float(self.cum[-1]) + self.tail * tail_w)
-        if r >= self.cum[-1] and self.tail:
-            tail_ids = np.flatnonzero(self.up_all < self.cut)
-            i = int(tail_ids[min(int((r - self.cum[-1]) / tail_w), len(tail_ids) - 1)])
-            self._widen()
-            return int(np.searchsorted(self.ids, i)), tail_w
-        k = min(int(np.searchsorted(self.cum, r, side="right")), len(self.ids) - 1)
-        return k, float(self.weight[k])
+        for attempt in range(REDRAWS + 1):
+            if attempt == REDRAWS:
+                self._tighten()
+            r = rng.random() * (float(self.cum[-1]) + self.tail * tail_w)
+            if r >= self.cum[-1] and self.tail:
+                tail_ids = np.flatnonzero(self.up_all < self.cut)
+                i = int(tail_ids[min(int((r - self.cum[-1]) / tail_w), len(tail_ids) - 1)])
+                self._widen()
+                return i, tail_w
+            k = min(int(np.searchsorted(self.cum, r, side="right")), len(self.ids) - 1)
+            i, w = int(self.ids[k]), float(self.prop[k])
+            q = self.known.get(i)
+            if q is None:
+                return i, w
+            exact = math.exp(q / self.t - self.zmax)
+            if rng.random() * w < exact:
+                return i, exact
+        raise AssertionError("unreachable: after _tighten a rescored token's draw always stands")
 
-    def rescore(self, ks: np.ndarray, force: bool = False) -> bool:
-        """Exact logits for universe rows `ks` (within the row budget unless forced); their weights tighten to exact.
-        False when the budget refuses, or when a bound does not hold (the draw would be wrong: the caller gives up)."""
-        ks = np.asarray(ks, np.int64)
-        ks = ks[np.isnan(self.pen[ks])]
-        if not len(ks):
+    def exact_logit(self, i: int) -> float | None:
+        """Token i's exact penalised logit (rescored now unless known); None when its bound does not hold."""
+        q = self.known.get(i)
+        if q is None and self.rescore(np.array([i]), force=True):
+            q = self.known[i]
+        return q
+
+    def rescore(self, ids: np.ndarray, force: bool = False) -> bool:
+        """Exact logits for the tokens `ids` not known yet (within the row budget unless forced), into `known`. False
+        when the budget refuses, or when a bound does not hold (the draw would be wrong: the caller gives up)."""
+        ids = np.asarray(ids, np.int64)
+        if self.known and len(ids):
+            ids = ids[~np.isin(ids, np.fromiter(self.known, np.int64, len(self.known)))]
+        if not len(ids):
             return True
-        if len(ks) > self.budget and not force:
+        if len(ids) > self.budget and not force:
             return False
-        ids = self.ids[ks]
-        self.pen[ks] = self.s.penalise(ids, np.asarray(self.exact(ids), np.float64))
-        self.budget -= len(ks)
-        self.s.rescored += len(ks)
-        if not np.all((self.pen[ks] >= self.lo_all[ids]) & (self.pen[ks] <= self.up[ks])):
-            return False
-        new = np.exp(self.pen[ks] / self.t - self.zmax)
-        if len(ks) == 1:  # one proposal's row: shift the running sum from it on
-            self.cum[ks[0]:] -= self.weight[ks[0]] - new[0]
-            self.weight[ks] = new
-        else:
-            self.weight[ks] = new
-            self.cum = np.cumsum(self.weight)
-        return True
+        pen = self.s.penalise(ids, np.asarray(self.exact(ids), np.float64))
+        self.budget -= len(ids)
+        self.s.rescored += len(ids)
+        self.known.update(zip(ids.tolist(), pen.tolist()))
+        return bool(np.all((pen >= self.lo_all[ids]) & (pen <= self.up_all[ids])))
 
-    def in_nucleus(self, j: int, q: float) -> bool | None:
-        """Is universe row j (rescored) among the tokens top_p = q keeps? With A the mass of the tokens before it and B
-        the rest (j included), it is kept iff A < q (A + B), i.e. A (1 - q) < q B. Rows not rescored contribute their
-        bounds (the tail block its total, on either side unless j's logit is above every tail bound); an undecided
-        test rescores the rows that weigh most in it and asks again; when the row budget is spent, every row is read
-        (the whole head), which decides it. None only when a bound proves wrong."""
+    def in_nucleus(self, i: int, q: float) -> bool | None:
+        """Is token i (rescored) among the tokens top_p = q keeps? With A the mass of the tokens before it and B the rest
+        (i included), it is kept iff A < q (A + B), i.e. A (1 - q) < q B. Tokens not rescored contribute their bounds
+        (the tail block its total, on either side unless i's logit is above every tail bound); an undecided test
+        rescores the tokens that weigh most in it and asks again; when the row budget is spent, every row is read (the
+        whole head), which decides it. None only when a bound proves wrong."""
         rows = NUCLEUS_ROWS
         tail_w = math.exp(-TAIL_LOG)
+        lj, t = self.known[i], self.t
+        universe = None
         while True:
-            lj, t, idx = self.pen[j], self.t, self.ids
-            known = ~np.isnan(self.pen)
-            w = np.where(known, self.weight, 0.0)
-            before = known & ((self.pen > lj) | ((self.pen == lj) & (idx < idx[j])))
-            after = known & ~before
-            sure_before = ~known & (self.lo > lj)
-            sure_after = ~known & (self.up < lj)
+            if universe is not self.ids:  # per universe: what does not change while rows are rescored
+                universe = idx = self.ids
+                lo_before, up_after = self.lo > lj, self.up < lj
+                w_lo_all = np.exp(np.where(lo_before | up_after, self.lo, -np.inf) / t - self.zmax)
+            known = np.zeros(len(idx), bool)
+            kk = np.searchsorted(idx, np.fromiter(self.known, np.int64, len(self.known)))
+            known[kk] = True
+            pen = np.fromiter(self.known.values(), np.float64, len(self.known))
+            w = np.zeros(len(idx))
+            w[kk] = np.exp(pen / t - self.zmax)
+            first = np.zeros(len(idx), bool)  # the known tokens before i: a higher logit, or the same and a lower id
+            first[kk] = (pen > lj) | ((pen == lj) & (idx[kk] < i))
+            before, after = first, known & ~first
+            sure_before = ~known & lo_before
+            sure_after = ~known & up_after
             either = ~known & ~sure_before & ~sure_after
-            w_up = np.where(known, 0.0, self.weight)
-            w_lo = np.where(sure_before | sure_after, np.exp(np.where(sure_before | sure_after, self.lo, 0.0) / t - self.zmax), 0.0)
+            w_up = np.where(known, 0.0, self.prop)
+            w_lo = np.where(known, 0.0, w_lo_all)
             tail = self.tail * tail_w
-            tail_after = lj >= self.cut  # every tail token's logit is below cut: after j, or undecided
+            tail_after = lj >= self.cut  # every tail token's logit is below cut: after i, or undecided
             a_exact, b_exact, open_up = float(w[before].sum()), float(w[after].sum()), float(w_up[either].sum())
             a_lo = a_exact + float(w_lo[sure_before].sum())
             a_hi = a_exact + float(w_up[sure_before].sum()) + open_up + (0.0 if tail_after else tail)
@@ -413,13 +482,11 @@ class _Envelope:
                 # here instead would skew the draw against the tokens whose membership is hard to decide.
                 self.s.head_reads += 1
                 if self.tail:
-                    jid = int(idx[j])
                     self._widen()
-                    j = int(np.searchsorted(self.ids, jid))
-                if not self.rescore(np.flatnonzero(np.isnan(self.pen)), force=True):
+                if not self.rescore(self.ids, force=True):
                     return None
                 continue
-            if not self.rescore(np.argpartition(-gap, take - 1)[:take]):
+            if not self.rescore(idx[np.argpartition(-gap, take - 1)[:take]]):
                 return None
             rows *= 4
 

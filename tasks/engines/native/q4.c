@@ -505,6 +505,28 @@ static float dotK(const float* a, const float* b, int K) {
     return r;
 }
 
+// y[i] = x . E_r for the n rows r = ids[i] (every row, r = i, when ids is NULL): the same dotK head_argmax rescores
+// with, so every exact logit the engine computes for a row is the same number whichever path asks. Sampling's
+// rescored rows and its full passes (logprobs) come here: numpy's sgemv ran them on OpenBLAS's own threads, which
+// then spin on the second core through the next decoder step and took 1.2-1.9 ms a token from the team there
+// (top_p 0.9 and top_k 40 at 0.59-0.66x greedy against 0.80-0.84x with those threads off; BENCHMARKS.md).
+typedef struct { const float* x; int K; const float* E; const int* ids; int n; float* y; } rows_job;
+
+static void head_rows_region(void* p, int tid, int nth) {
+    const rows_job* j = (const rows_job*)p;
+    const int i0 = (int)((long)j->n * tid / nth), i1 = (int)((long)j->n * (tid + 1) / nth);
+    for (int i = i0; i < i1; i++) {
+        const int r = j->ids ? j->ids[i] : i;
+        j->y[i] = dotK(j->x, j->E + (size_t)r * j->K, j->K);
+    }
+}
+
+void head_rows(const float* x, int K, const float* E, const int* ids, int n, float* y, void* team) {
+    rows_job j = {x, K, E, ids, n, y};
+    if (n < 256) head_rows_region(&j, 0, 1);  // a few hundred rows: less than waking the team costs
+    else team_run((team_t*)team, head_rows_region, &j);
+}
+
 // x [M, K]; the int8 copy covers Vp >= V rows (row-major [Vp][Kp]), E, dn, en cover V rows.
 // a: scratch [M, Vp]; cand: [M, V] (row m's candidates, ascending, when ncand[m] >= 0).
 // out_tok[m] = argmax; ncand[m] = number of candidates rescored, or -(count) - 1 when the full pass ran.
@@ -590,6 +612,61 @@ static inline __m256 exp8(__m256 x) {
     y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
     __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+
+// ---------------------------------------------------------------------------------------------- sampling envelope
+// What draw_bounded's rejection sampler proposes from (tasks/engines/sampling.py: Universe), from upper bounds up[V]
+// on the (penalised) logits at temperature t: zmax = max(up) / t, cut = (zmax - tail_log) * t and the universe, the
+// rows with up >= cut in ascending order (ids, returns their count n); out = {zmax, cut}. With weight non-NULL, also
+// each universe row's envelope weight and their running sum cum (in double, in order). A weight only has to bound
+// exp(up / t - zmax) from above, not equal it (a proposal is accepted with the exact ratio): exp8 in float, raised
+// by 2^-16 over its 2 ulp and the float rounding of the exponent (<= 1e-6 over the universe's [-tail_log, 0]).
+// numpy took 0.18 ms at temperature 0.7 and 0.63 ms at 1.0 on the demo's 49,152 rows (an exp and a sequential
+// cumsum per row of a universe of 5,000-49,000); BENCHMARKS.md has this one's.
+// [a, a + b, a + b + c, a + b + c + d] of [a, b, c, d]
+static inline __m256d prefix4(__m256d v) {
+    v = _mm256_add_pd(v, _mm256_blend_pd(_mm256_permute4x64_pd(v, 0x90), _mm256_setzero_pd(), 0x1));
+    return _mm256_add_pd(v, _mm256_blend_pd(_mm256_permute4x64_pd(v, 0x40), _mm256_setzero_pd(), 0x3));
+}
+
+int head_envelope(const double* up, int V, double t, double tail_log, int* ids, double* weight, double* cum, double* out) {
+    double m = -INFINITY; int r = 0;
+    {
+        __m256d vm = _mm256_set1_pd(-INFINITY);
+        for (; r + 4 <= V; r += 4) vm = _mm256_max_pd(vm, _mm256_loadu_pd(up + r));
+        double q[4]; _mm256_storeu_pd(q, vm); for (int i = 0; i < 4; i++) if (q[i] > m) m = q[i];
+        for (; r < V; r++) if (up[r] > m) m = up[r];
+    }
+    const double zmax = m / t, cut = (zmax - tail_log) * t;
+    out[0] = zmax; out[1] = cut;
+    int n = 0;  // branch-free: every row is written, the count moves past the kept ones (half are, at random)
+    if (!weight) { for (r = 0; r < V; r++) { ids[n] = r; n += up[r] >= cut; } return n; }
+    for (r = 0; r < V; r++) { const double u = up[r]; ids[n] = r; weight[n] = u; n += u >= cut; }
+    const double it = 1.0 / t;
+    const __m256 raise = _mm256_set1_ps(1.0f + 0x1p-16f);
+    const __m256d vit = _mm256_set1_pd(it), vz = _mm256_set1_pd(zmax);
+    __m256d carry = _mm256_setzero_pd();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {  // weight[i..] holds the kept rows' bounds until overwritten here
+        const __m128 x0 = _mm256_cvtpd_ps(_mm256_fmsub_pd(_mm256_loadu_pd(weight + i), vit, vz));
+        const __m128 x1 = _mm256_cvtpd_ps(_mm256_fmsub_pd(_mm256_loadu_pd(weight + i + 4), vit, vz));
+        const __m256 w = _mm256_mul_ps(exp8(_mm256_set_m128(x1, x0)), raise);
+        const __m256d w0 = _mm256_cvtps_pd(_mm256_castps256_ps128(w)), w1 = _mm256_cvtps_pd(_mm256_extractf128_ps(w, 1));
+        _mm256_storeu_pd(weight + i, w0); _mm256_storeu_pd(weight + i + 4, w1);
+        const __m256d c0 = _mm256_add_pd(prefix4(w0), carry);
+        carry = _mm256_permute4x64_pd(c0, 0xFF);
+        const __m256d c1 = _mm256_add_pd(prefix4(w1), carry);
+        carry = _mm256_permute4x64_pd(c1, 0xFF);
+        _mm256_storeu_pd(cum + i, c0); _mm256_storeu_pd(cum + i + 4, c1);
+    }
+    double s = _mm256_cvtsd_f64(carry);
+    if (i < n) {
+        float x[8], w[8]; const int k = n - i;
+        for (int j = 0; j < 8; j++) x[j] = j < k ? (float)(weight[i + j] * it - zmax) : 0.0f;
+        _mm256_storeu_ps(w, _mm256_mul_ps(exp8(_mm256_loadu_ps(x)), raise));
+        for (int j = 0; j < k; j++) { weight[i + j] = w[j]; s += w[j]; cum[i + j] = s; }
+    }
+    return n;
 }
 
 // ---------------------------------------------------------------------------------------------- decoder step

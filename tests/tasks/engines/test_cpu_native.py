@@ -13,6 +13,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -698,6 +699,41 @@ def test_sampled_tokens_follow_the_fp32_heads_distribution(params: dict, session
     want = target(logits, sp, counts)
     assert not drawn[want == 0].any()
     assert chi_square_p(drawn, want) > 1e-3
+
+
+def test_head_rows_are_the_fp32_logits_the_greedy_head_picks_from(sessions) -> None:
+    """head_rows (every fp32 logit sampling uses) against float64 x . E_r, for chosen rows and the whole head, and the
+    greedy head's token is the maximum of the same numbers."""
+    session = sessions["asym"]
+    x = np.ascontiguousarray(_hidden(session, _prompts()[0]), np.float32)
+    want = session.head.astype(np.float64) @ x[0].astype(np.float64)
+    full = cpu_native.head_rows(session, x)
+    assert full.shape == (VOCAB,) and np.allclose(full, want, rtol=1e-5, atol=1e-4)
+    ids = np.array([VOCAB - 1, 0, 517, 517, 3])  # any order, repeats
+    assert np.array_equal(cpu_native.head_rows(session, x, ids), full[ids])
+    assert cpu_native.head_argmax(session, x)[0] == [int(np.argmax(full))]
+
+
+@pytest.mark.parametrize("t", [0.05, 0.7, 1.0, 2.0])
+def test_head_universe_is_numpys_with_weights_that_bound_it_from_above(t: float, sessions) -> None:
+    """q4.c's head_envelope against sampling.numpy_universe: the same tokens, zmax and cut; every weight at least the
+    exact exp(up / T - zmax) and at most 2^-15 above it; the running sum that of the weights."""
+    from tasks.engines.sampling import numpy_universe
+
+    session = sessions["asym"]
+    rng = np.random.default_rng(int(t * 100))
+    for v in (1003, 4096):  # a length no vector width divides, and one they all do
+        up = rng.normal(0, 6.0, v)
+        up[rng.integers(0, v, 5)] = up.max() - 20 * t  # tokens on the cut, within rounding: either side, the same as numpy
+        # scratch of this length (a decoder's _HeadBuffers hold the session's vocabulary)
+        buffers = SimpleNamespace(ids=np.zeros(v, np.int32), weight=np.zeros(v), cum=np.zeros(v), envelope=np.zeros(2))
+        got, ref = cpu_native.head_universe(session, buffers, up, t, True), numpy_universe(up, t, True)
+        assert np.array_equal(got.ids, ref.ids) and (got.zmax, got.cut) == (ref.zmax, ref.cut)
+        ratio = got.weight / ref.weight
+        assert ratio.min() >= 1.0 and ratio.max() <= 1 + 2.0 ** -15
+        assert np.allclose(got.cum, np.cumsum(got.weight), rtol=1e-12, atol=0)
+        ids_only = cpu_native.head_universe(session, buffers, up, t, False)
+        assert np.array_equal(ids_only.ids, ref.ids) and ids_only.weight is None
 
 
 def test_a_step_that_would_rescore_more_than_max_candidates_reads_the_whole_head(engines) -> None:

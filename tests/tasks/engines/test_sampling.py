@@ -216,6 +216,30 @@ def test_the_flat_tail_block_keeps_the_draw_exact(name: str, monkeypatch) -> Non
     assert chi_square_p(drawn, want) > 1e-3
 
 
+@pytest.mark.parametrize("name", ["t1.0", "t0.7-top_p0.9"])
+def test_loose_bounds_on_the_favourites_keep_the_draw_exact_and_cheap(name: str) -> None:
+    """The favourites' upper bounds far above their logits: most proposals land on them again after their rescore, so
+    the envelope's redraws (and its rebuilt running sum, after REDRAWS in a row) carry the draw. Exact, and still a
+    handful of rows per draw."""
+    params, counts = SETTINGS[name]
+    logits = _big_logits(4)
+    lo, up = logits - 0.05, logits + 0.05
+    top = np.argsort(-logits)[:3]
+    up[top] += 4.0 * params.temperature  # e^4 times their weight in the envelope
+    s = Sampler(params)
+    n = 8000
+    drawn, fallbacks = np.zeros(BIG_V, np.int64), 0
+    for _ in range(n):
+        s.output_counts = Counter()
+        tok = s.draw_bounded(lo, up, lambda ids: logits[ids], 1000)
+        fallbacks += tok is None
+        drawn[int(tok if tok is not None else s.choose(np.arange(BIG_V), logits))] += 1
+    want = target(logits, params, counts)
+    assert not drawn[want == 0].any()
+    assert chi_square_p(drawn, want) > 1e-3
+    assert fallbacks == 0 and s.rescored < n * (BIG_V / 10 if params.top_p < 1 else 8)
+
+
 def test_the_distribution_check_tells_a_near_miss_apart() -> None:
     """The test above can fail: draws from temperature 0.75 judged against 0.7 are rejected."""
     logits = _big_logits()
