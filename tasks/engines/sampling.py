@@ -227,14 +227,15 @@ class Sampler:
             return self.choose(ids, raw)
         env = _Envelope(self, lo, up, exact, max_rows, universe(up, p.temperature, True))
         for _ in range(REJECTION_TRIES):
-            token, weight = env.propose(self._rng)
-            q = env.exact_logit(token)
+            k, weight = env.propose(self._rng)
+            q = env.exact_logit(k)
             if q is None:
                 return None
             if self._rng.random() * weight >= math.exp(q / env.t - env.zmax):
                 continue  # rejected: the bound overstated this row
+            token = int(env.ids[k])  # before the nucleus test, which may widen the universe (and renumber it)
             if p.top_p < 1.0:
-                inside = env.in_nucleus(token, p.top_p)
+                inside = env.in_nucleus(k, p.top_p)
                 if inside is None:
                     return None
                 if not inside:
@@ -335,12 +336,10 @@ def _top_k_rows(lo: np.ndarray, up: np.ndarray, k: int, near_tokens: Universe) -
 
 class _Envelope:
     """draw_bounded's proposal and what it has learnt in one step: the universe of tokens whose upper bound is within
-    TAIL_LOG temperatures of the best (`ids`, ascending), each one's proposal weight `prop` (at least exp(bound / T -
-    zmax)) summed in `cum`, and the exact penalised logits of the tokens rescored so far (`known`, by token id). The
-    rest of the vocabulary is the tail block: `tail` tokens of weight e^-TAIL_LOG each, taken into the universe (every
-    row) only if a proposal lands there. Proposals keep coming from the same weights after a rescore: a proposal of a
-    known token is accepted with the same exact ratio, so each round is a valid rejection step, and no running sum is
-    rewritten per rescore (that cost ~30 us a rescore over a 40,000-token universe)."""
+    TAIL_LOG temperatures of the best (`ids`, ascending; k below is an index into it), each one's proposal weight
+    `prop` (at least exp(bound / T - zmax)) summed in `cum`, and the exact penalised logits of the rows rescored so far
+    (`pen`, NaN elsewhere). The rest of the vocabulary is the tail block: `tail` tokens of weight e^-TAIL_LOG each,
+    taken into the universe (every row) only if a proposal lands there."""
 
     def __init__(self, sampler: Sampler, lo: np.ndarray, up: np.ndarray, exact: Callable[[np.ndarray], np.ndarray],
                  max_rows: int, start: Universe):
@@ -348,19 +347,21 @@ class _Envelope:
         self.t = sampler.params.temperature
         self.lo_all, self.up_all = lo, up
         self.zmax, self.cut = start.zmax, start.cut
-        self.known: dict[int, float] = {}
-        self._universe(start.ids, start.weight, start.cum)
+        self._universe(start.ids, {}, start.weight, start.cum)
 
-    def _universe(self, ids: np.ndarray, prop: np.ndarray | None = None, cum: np.ndarray | None = None) -> None:
+    def _universe(self, ids: np.ndarray, known: dict[int, float], prop: np.ndarray | None = None,
+                  cum: np.ndarray | None = None) -> None:
         self.ids = ids
         self.tail = len(self.lo_all) - len(ids)
         self._lo = self._up = None  # the universe's bounds, gathered when a nucleus test needs them
+        self.pen = np.full(len(ids), np.nan)
         if prop is None:  # a widened universe: the rescored tokens propose with their exact weights
             prop = np.exp(self.up_all[ids] / self.t - self.zmax)
-            for i, q in self.known.items():
-                prop[int(np.searchsorted(ids, i))] = math.exp(q / self.t - self.zmax)
-            cum = np.cumsum(prop)
-        self.prop, self.cum = prop, cum
+        for i, q in known.items():
+            k = int(np.searchsorted(ids, i))
+            self.pen[k] = q
+            prop[k] = math.exp(q / self.t - self.zmax)
+        self.prop, self.cum = prop, (np.cumsum(prop) if cum is None or known else cum)
 
     @property
     def lo(self) -> np.ndarray:
@@ -376,22 +377,23 @@ class _Envelope:
 
     def _widen(self) -> None:
         """Take every token into the universe (a proposal fell in the tail, or a decision needs the tail's order)."""
-        self._universe(np.arange(len(self.lo_all)))
+        known = {int(self.ids[k]): float(self.pen[k]) for k in np.flatnonzero(~np.isnan(self.pen))}
+        self._universe(np.arange(len(self.lo_all)), known)
 
     def _tighten(self) -> None:
-        """Proposal weights of the rescored tokens down to their exact ones, and the running sum again."""
-        ks = np.searchsorted(self.ids, np.fromiter(self.known, np.int64, len(self.known)))
-        self.prop[ks] = np.exp(np.fromiter(self.known.values(), np.float64, len(self.known)) / self.t - self.zmax)
+        """Proposal weights of the rescored rows down to their exact ones, and the running sum again."""
+        ks = np.flatnonzero(~np.isnan(self.pen))
+        self.prop[ks] = np.exp(self.pen[ks] / self.t - self.zmax)
         self.cum = np.cumsum(self.prop)
 
     def propose(self, rng: np.random.Generator) -> tuple[int, float]:
-        """(token id, weight) of a proposal from the envelope in which every rescored token weighs exactly its softmax
-        weight (adaptive rejection sampling: a rejected token does not draw the next proposals to itself again).
-        That envelope is drawn from without rewriting the running sum per rescore: a draw from `cum` that lands on
-        a rescored token stands with probability exact / proposal weight, and is drawn again otherwise (the mass
-        its rescore removed); after REDRAWS of those in a row the sum is rebuilt. A rescored token comes back with
-        its exact weight, so the caller's acceptance ratio is 1 for it. A proposal in the tail block has the
-        block's weight e^-TAIL_LOG (its own bound is below it) and widens the universe."""
+        """(k, weight) of a proposal from the envelope in which every rescored row weighs exactly its softmax weight
+        (adaptive rejection sampling: a rejected token does not draw the next proposals to itself again). That
+        envelope is drawn from without rewriting the running sum per rescore (~30 us over a 40,000-token universe):
+        a draw from `cum` that lands on a rescored row stands with probability exact / proposal weight, and is drawn
+        again otherwise (the mass its rescore removed); after REDRAWS of those in a row the sum is rebuilt. A rescored
+        row comes back with its exact weight, so the caller's acceptance ratio is 1 for it. A proposal in the tail
+        block has the block's weight e^-TAIL_LOG (its own bound is below it) and widens the universe."""
         tail_w = math.exp(-TAIL_LOG)
         for attempt in range(REDRAWS + 1):
             if attempt == REDRAWS:
@@ -401,81 +403,83 @@ class _Envelope:
                 tail_ids = np.flatnonzero(self.up_all < self.cut)
                 i = int(tail_ids[min(int((r - self.cum[-1]) / tail_w), len(tail_ids) - 1)])
                 self._widen()
-                return i, tail_w
+                return int(np.searchsorted(self.ids, i)), tail_w
             k = min(int(np.searchsorted(self.cum, r, side="right")), len(self.ids) - 1)
-            i, w = int(self.ids[k]), float(self.prop[k])
-            q = self.known.get(i)
-            if q is None:
-                return i, w
+            q, w = self.pen[k], float(self.prop[k])
+            if q != q:  # NaN: not rescored yet
+                return k, w
             exact = math.exp(q / self.t - self.zmax)
             if rng.random() * w < exact:
-                return i, exact
-        raise AssertionError("unreachable: after _tighten a rescored token's draw always stands")
+                return k, exact
+        raise AssertionError("unreachable: after _tighten a rescored row's draw always stands")
 
-    def exact_logit(self, i: int) -> float | None:
-        """Token i's exact penalised logit (rescored now unless known); None when its bound does not hold."""
-        q = self.known.get(i)
-        if q is None and self.rescore(np.array([i]), force=True):
-            q = self.known[i]
-        return q
+    def exact_logit(self, k: int) -> float | None:
+        """Row k's exact penalised logit (rescored now unless known; the row budget does not refuse a proposal's row);
+        None when its bound does not hold. One row is most of a step's rescoring: no array arithmetic here."""
+        q = float(self.pen[k])
+        if q == q:
+            return q
+        ids = self.ids[k:k + 1]
+        q = float(self.s.penalise(ids, np.asarray(self.exact(ids), np.float64))[0])
+        self.budget -= 1
+        self.s.rescored += 1
+        self.pen[k] = q
+        i = int(ids[0])
+        return q if self.lo_all[i] <= q <= self.up_all[i] else None
 
-    def rescore(self, ids: np.ndarray, force: bool = False) -> bool:
-        """Exact logits for the tokens `ids` not known yet (within the row budget unless forced), into `known`. False
-        when the budget refuses, or when a bound does not hold (the draw would be wrong: the caller gives up)."""
-        ids = np.asarray(ids, np.int64)
-        if self.known and len(ids):
-            ids = ids[~np.isin(ids, np.fromiter(self.known, np.int64, len(self.known)))]
-        if not len(ids):
+    def rescore(self, ks: np.ndarray, force: bool = False) -> bool:
+        """Exact logits for the universe rows `ks` not known yet (within the row budget unless forced). False when the
+        budget refuses, or when a bound does not hold (the draw would be wrong: the caller gives up)."""
+        ks = np.asarray(ks, np.int64)
+        ks = ks[np.isnan(self.pen[ks])]
+        if not len(ks):
             return True
-        if len(ids) > self.budget and not force:
+        if len(ks) > self.budget and not force:
             return False
+        ids = self.ids[ks]
         pen = self.s.penalise(ids, np.asarray(self.exact(ids), np.float64))
-        self.budget -= len(ids)
-        self.s.rescored += len(ids)
-        self.known.update(zip(ids.tolist(), pen.tolist()))
+        self.pen[ks] = pen
+        self.budget -= len(ks)
+        self.s.rescored += len(ks)
         return bool(np.all((pen >= self.lo_all[ids]) & (pen <= self.up_all[ids])))
 
-    def in_nucleus(self, i: int, q: float) -> bool | None:
-        """Is token i (rescored) among the tokens top_p = q keeps? With A the mass of the tokens before it and B the rest
-        (i included), it is kept iff A < q (A + B), i.e. A (1 - q) < q B. Tokens not rescored contribute their bounds
-        (the tail block its total, on either side unless i's logit is above every tail bound); an undecided test
-        rescores the tokens that weigh most in it and asks again; when the row budget is spent, every row is read (the
-        whole head), which decides it. None only when a bound proves wrong."""
+    def in_nucleus(self, j: int, q: float) -> bool | None:
+        """Is universe row j (rescored) among the tokens top_p = q keeps? With A the mass of the tokens before it and B
+        the rest (j included), it is kept iff A < q (A + B), i.e. A (1 - q) < q B. Rows not rescored contribute their
+        bounds (the tail block its total, on either side unless j's logit is above every tail bound); an undecided
+        test rescores the rows that weigh most in it and asks again; when the row budget is spent, every row is read
+        (the whole head), which decides it. None only when a bound proves wrong."""
         rows = NUCLEUS_ROWS
         tail_w = math.exp(-TAIL_LOG)
-        lj, t = self.known[i], self.t
+        lj, t, i = float(self.pen[j]), self.t, int(self.ids[j])
         universe = None
         while True:
             if universe is not self.ids:  # per universe: what does not change while rows are rescored
                 universe = idx = self.ids
                 lo_before, up_after = self.lo > lj, self.up < lj
                 w_lo_all = np.exp(np.where(lo_before | up_after, self.lo, -np.inf) / t - self.zmax)
-            known = np.zeros(len(idx), bool)
-            kk = np.searchsorted(idx, np.fromiter(self.known, np.int64, len(self.known)))
-            known[kk] = True
-            pen = np.fromiter(self.known.values(), np.float64, len(self.known))
-            w = np.zeros(len(idx))
-            w[kk] = np.exp(pen / t - self.zmax)
-            first = np.zeros(len(idx), bool)  # the known tokens before i: a higher logit, or the same and a lower id
-            first[kk] = (pen > lj) | ((pen == lj) & (idx[kk] < i))
-            before, after = first, known & ~first
-            sure_before = ~known & lo_before
-            sure_after = ~known & up_after
-            either = ~known & ~sure_before & ~sure_after
-            w_up = np.where(known, 0.0, self.prop)
-            w_lo = np.where(known, 0.0, w_lo_all)
+            # the rescored rows: exact weights, before j (a higher logit, or the same and a lower id) or after it
+            unknown = np.isnan(self.pen)
+            kk = np.flatnonzero(~unknown)
+            pen = self.pen[kk]
+            w = np.exp(pen / t - self.zmax)
+            first = (pen > lj) | ((pen == lj) & (idx[kk] < i))
+            # the others by their bounds: surely before j, surely after it, or either
+            sure_before, sure_after = unknown & lo_before, unknown & up_after
+            either = unknown ^ sure_before ^ sure_after
             tail = self.tail * tail_w
-            tail_after = lj >= self.cut  # every tail token's logit is below cut: after i, or undecided
-            a_exact, b_exact, open_up = float(w[before].sum()), float(w[after].sum()), float(w_up[either].sum())
-            a_lo = a_exact + float(w_lo[sure_before].sum())
-            a_hi = a_exact + float(w_up[sure_before].sum()) + open_up + (0.0 if tail_after else tail)
-            b_lo = b_exact + float(w_lo[sure_after].sum())
-            b_hi = b_exact + float(w_up[sure_after].sum()) + open_up + tail
+            tail_after = lj >= self.cut  # every tail token's logit is below cut: after j, or undecided
+            a_exact, b_exact = float(w[first].sum()), float(w[~first].sum())
+            open_up = float(np.sum(self.prop, where=either))
+            a_lo = a_exact + float(np.sum(w_lo_all, where=sure_before))
+            a_hi = a_exact + float(np.sum(self.prop, where=sure_before)) + open_up + (0.0 if tail_after else tail)
+            b_lo = b_exact + float(np.sum(w_lo_all, where=sure_after))
+            b_hi = b_exact + float(np.sum(self.prop, where=sure_after)) + open_up + tail
             if a_hi * (1 - q) < q * b_lo:
                 return True
             if a_lo * (1 - q) >= q * b_hi:
                 return False
-            gap = w_up - w_lo
+            gap = np.where(unknown, self.prop - w_lo_all, 0.0)
             take = min(rows, int(np.count_nonzero(gap)), self.budget)
             if take == 0:
                 # The rows allowed are spent (or only the tail is left): read every row, which decides it. Giving up
@@ -483,10 +487,10 @@ class _Envelope:
                 self.s.head_reads += 1
                 if self.tail:
                     self._widen()
-                if not self.rescore(self.ids, force=True):
+                if not self.rescore(np.flatnonzero(np.isnan(self.pen)), force=True):
                     return None
                 continue
-            if not self.rescore(idx[np.argpartition(-gap, take - 1)[:take]]):
+            if not self.rescore(np.argpartition(-gap, take - 1)[:take]):
                 return None
             rows *= 4
 
