@@ -4,10 +4,10 @@
 
 For each setting (greedy; temperature 0.7 + top_p 0.9; temperature 1.0; temperature 0.7 with frequency/presence
 penalties; temperature 0.8 + top_k 40; greedy with a repetition penalty; greedy with logprobs) it decodes --tokens new
-tokens on each prompt (EOS ignored), --repeats times, and reports the median tokens/s and its ratio to greedy. On
-cpu_native it also reports the mean number of head rows rescored in fp32 per sampled step (the draw is exact:
-cpu_native.head_sample) and how many steps read the whole fp32 head instead. Prints a markdown table, the CPU, then
-the raw numbers as JSON.
+tokens on each prompt (EOS ignored), --repeats times (round-robin over the settings), and reports the median tokens/s
+and its ratio to greedy. On cpu_native it also reports the mean number of head rows rescored in fp32 per sampled step
+(the draw is exact: cpu_native.head_sample) and how many steps read the whole fp32 head instead. Prints a markdown
+table, the CPU, then the raw numbers as JSON.
 """
 from __future__ import annotations
 
@@ -60,22 +60,30 @@ def main() -> int:
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False) for p in PROMPTS]
     ids = [list(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts]
     list(backend.generate(session, ids[0], 8, []))  # warm-up
-    rows = []
-    for name, params in SETTINGS.items():
-        stats = getattr(session, "stats", None)
-        before = dict(stats) if stats else {}
-        speeds = []
-        for _ in range(a.repeats):
+    # Round-robin: each repeat runs every setting once, so a machine that speeds up or slows down over the run moves
+    # every setting alike (run one setting's repeats after another's and a drift of the box shows up as a ratio).
+    speeds: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    counters = {name: {"sampled": 0, "sampled_candidates": 0, "sampled_full_passes": 0} for name in SETTINGS}
+    stats = getattr(session, "stats", None)
+    for _ in range(a.repeats):
+        for name, params in SETTINGS.items():
+            before = dict(stats) if stats else {}
             n, t0 = 0, time.perf_counter()
             for p in ids:
                 n += len(list(backend.generate(session, p, a.tokens, [], params)))
-            speeds.append(n / (time.perf_counter() - t0))
-        row = {"setting": name, "tok_s": round(statistics.median(speeds), 1)}
+            speeds[name].append(n / (time.perf_counter() - t0))
+            if stats is not None:
+                for key in counters[name]:
+                    counters[name][key] += stats[key] - before.get(key, 0)
+    rows = []
+    for name in SETTINGS:
+        row = {"setting": name, "tok_s": round(statistics.median(speeds[name]), 1), "runs": [round(x, 1) for x in speeds[name]]}
         if stats is not None:
-            sampled = stats["sampled"] - before.get("sampled", 0)
+            c = counters[name]
+            sampled = c["sampled"]
             row |= {"sampled_steps": sampled,
-                    "mean_candidates": round((stats["sampled_candidates"] - before.get("sampled_candidates", 0)) / sampled, 1) if sampled else None,
-                    "full_passes": stats["sampled_full_passes"] - before.get("sampled_full_passes", 0)}
+                    "mean_candidates": round(c["sampled_candidates"] / sampled, 1) if sampled else None,
+                    "full_passes": c["sampled_full_passes"]}
         rows.append(row)
     print(f"Engine: {a.engine} ({meta['backend']}, {meta.get('precision')}); {a.tokens} tokens x {len(ids)} prompts, "
           f"median of {a.repeats}")

@@ -797,7 +797,7 @@ def head_sample(session: NativeSession, x: np.ndarray, sampler: Sampler, buffers
             cap = session.arch.final_softcap
             lower, upper = cap * np.tanh(lower / cap), cap * np.tanh(upper / cap)
         token = sampler.draw_bounded(lower, upper, lambda ids: session.logits(head_rows(session, x, ids)),
-                                     session.max_candidates, partial(head_universe, session, b))
+                                     session.max_candidates, partial(head_universe, session, b), scratch=True)
     full = token is None
     if full:
         token = sampler.choose(np.arange(v), session.logits(head_rows(session, x)))

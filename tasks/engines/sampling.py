@@ -135,7 +135,8 @@ class Sampler:
             return logits
         out = np.array(logits, dtype=np.float64, copy=True)
         if p.repetition_penalty != 1 and self.seen:
-            hit = np.isin(ids, np.fromiter(self.seen, dtype=np.int64))
+            seen = np.sort(np.fromiter(self.seen, np.int64, len(self.seen)))  # searchsorted: np.isin costs ~0.15 ms a call
+            hit = seen[np.minimum(np.searchsorted(seen, ids), len(seen) - 1)] == ids
             v = out[hit]
             out[hit] = np.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
         if (p.frequency_penalty or p.presence_penalty) and self.output_counts:
@@ -143,7 +144,7 @@ class Sampler:
             counts = np.fromiter(self.output_counts.values(), dtype=np.float64)
             order = np.argsort(keys)
             sk, sc = keys[order], counts[order]
-            pos = np.clip(np.searchsorted(sk, ids), 0, len(sk) - 1)
+            pos = np.minimum(np.searchsorted(sk, ids), len(sk) - 1)
             hit = sk[pos] == ids
             out[hit] -= p.frequency_penalty * sc[pos[hit]] + p.presence_penalty
         return out
@@ -173,21 +174,23 @@ class Sampler:
             top = tuple((int(ids[b]), float(raw[b] - lse)) for b in best)
         return Token(token, float(raw[i] - lse), top)
 
-    def penalised_bounds(self, lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Bounds on every token's penalised logit from bounds on its raw one (penalties are monotone)."""
+    def penalised_bounds(self, lower: np.ndarray, upper: np.ndarray, in_place: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Bounds on every token's penalised logit from bounds on its raw one (penalties are monotone); written over
+        `lower` and `upper` themselves when `in_place` (float64 arrays the caller gives up), else into copies."""
         lo, up = np.asarray(lower, np.float64), np.asarray(upper, np.float64)
         if not self.params.penalised:
             return lo, up
         touched = np.asarray(sorted(self.seen | set(self.output_counts)), dtype=np.int64)
         if not len(touched):
             return lo, up
-        lo, up = lo.copy(), up.copy()
+        if not (in_place and lo is lower and up is upper):
+            lo, up = lo.copy(), up.copy()
         lo[touched] = self.penalise(touched, lo[touched])
         up[touched] = self.penalise(touched, up[touched])
         return lo, up
 
     def draw_bounded(self, lower: np.ndarray, upper: np.ndarray, exact: Callable[[np.ndarray], np.ndarray],
-                     max_rows: int, universe: UniverseFn | None = None) -> Token | None:
+                     max_rows: int, universe: UniverseFn | None = None, scratch: bool = False) -> Token | None:
         """The next token, distributed exactly as `choose` over the whole vocabulary would draw it, from bounds
         lower[i] <= logit[i] <= upper[i] on every raw logit and `exact(ids)`, the exact raw logits of the rows asked
         for. None when the draw is better made from the whole head (top_k or greedy would rescore more than `max_rows`
@@ -195,7 +198,8 @@ class Sampler:
         the token has the same distribution: whether None comes back does not depend on which token a proposal was.
         Not for logprobs, whose normaliser needs every logit. `universe` computes the tokens a step works on and their
         envelope weights (`numpy_universe` by default; cpu_native passes q4.c's, the same set with weights that only
-        bound these from above, which the acceptance ratio makes exact).
+        bound these from above, which the acceptance ratio makes exact). `scratch`: `lower` and `upper` are the caller's
+        to lose (penalties are applied to them in place instead of to copies).
 
         * temperature 0: the rows whose upper bound reaches the best lower bound are rescored; the first maximum wins.
         * top_k: the rows whose upper bound reaches the k-th largest lower bound hold the top k; they are rescored and
@@ -211,7 +215,7 @@ class Sampler:
           from the bounds, rescoring the rows that keep it open (`_Envelope.in_nucleus`).
         """
         p = self.params
-        lo, up = self.penalised_bounds(lower, upper)
+        lo, up = self.penalised_bounds(lower, upper, in_place=scratch)
         v = len(lo)
         universe = universe or numpy_universe
         if p.temperature == 0 or (0 < p.top_k < v):
