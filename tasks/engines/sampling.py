@@ -456,6 +456,19 @@ class _Envelope:
         rows = NUCLEUS_ROWS
         tail_w = math.exp(-TAIL_LOG)
         lj, t, i = float(self.pen[j]), self.t, int(self.ids[j])
+        tail_before = 0.0 if lj >= self.cut else self.tail * tail_w  # every tail logit is below cut
+        # First, in two passes over the universe: A at most the tokens that can come before j (a rescored one before it,
+        # or one whose upper bound reaches its logit), at their upper weights; B at least the rescored tokens from j on.
+        # Decides most draws (a likely token, few others near it) before the full test's bounds on every token.
+        known = np.flatnonzero(~np.isnan(self.pen))
+        pen = self.pen[known]
+        first = (pen > lj) | ((pen == lj) & (self.ids[known] < i))
+        w = np.exp(pen / t - self.zmax)
+        reach = np.flatnonzero(self.up >= lj)
+        open_reach = reach[np.isnan(self.pen[reach])]
+        a_hi = float(w[first].sum()) + float(self.prop[open_reach].sum()) + tail_before
+        if a_hi * (1 - q) < q * float(w[~first].sum()):
+            return True
         universe = None
         while True:
             if universe is not self.ids:  # per universe: what does not change while rows are rescored
@@ -472,11 +485,10 @@ class _Envelope:
             sure_before, sure_after = unknown & lo_before, unknown & up_after
             either = unknown ^ sure_before ^ sure_after
             tail = self.tail * tail_w
-            tail_after = lj >= self.cut  # every tail token's logit is below cut: after j, or undecided
             a_exact, b_exact = float(w[first].sum()), float(w[~first].sum())
             open_up = float(np.sum(self.prop, where=either))
             a_lo = a_exact + float(np.sum(w_lo_all, where=sure_before))
-            a_hi = a_exact + float(np.sum(self.prop, where=sure_before)) + open_up + (0.0 if tail_after else tail)
+            a_hi = a_exact + float(np.sum(self.prop, where=sure_before)) + open_up + tail_before
             b_lo = b_exact + float(np.sum(w_lo_all, where=sure_after))
             b_hi = b_exact + float(np.sum(self.prop, where=sure_after)) + open_up + tail
             if a_hi * (1 - q) < q * b_lo:
