@@ -90,7 +90,7 @@ from tasks.engines.checkpoint import (
 from tasks.engines.cpu_host import ISA_FLAGS, cpu_flags as _cpu_flags, device_fingerprint, int_from_env, threads_from_env
 from tasks.engines.hooks import device_memory_used, device_utilization  # noqa: F401  (backend API: CPU defaults)
 from tasks.engines.sampling import (
-    GREEDY, PARAMETERS, REJECTION_TRIES, TAIL_LOG, Sampler, SamplingParams, Token, Universe,
+    GREEDY, NUCLEUS_ROWS, PARAMETERS, REDRAWS, REJECTION_TRIES, TAIL_LOG, Sampler, SamplingParams, Token, Universe,
 )
 
 BACKEND = "cpu_native"
@@ -219,6 +219,9 @@ def _library() -> ctypes.CDLL:
             lib.head_rows.argtypes = [P, I, P, P, I, P, P]
             lib.head_envelope.argtypes = [P, I, ctypes.c_double, ctypes.c_double, P, P, P, P]
             lib.head_envelope.restype = I
+            D = ctypes.c_double
+            lib.sample_bounded.argtypes = [P, I, P, P, P, I, D, D, D, I, I, I, L, P, I, P, P, P, P, P, P, P]
+            lib.sample_bounded.restype = I
             lib.llama_scratch_floats.argtypes = [I, I, I, I, I, I, I]
             lib.llama_scratch_floats.restype = L
             lib.llama_step.argtypes = [I, P, P, P, P, I, I, I, I, I, I, F, P, P, P, I, I, P, P, P, P]
@@ -717,6 +720,9 @@ class _HeadBuffers:
         self.ids = np.zeros(v, np.int32)
         self.weight, self.cum = np.zeros(v, np.float64), np.zeros(v, np.float64)
         self.envelope = np.zeros(2, np.float64)
+        # sample_bounded: exact logits by universe row, the nucleus test's gaps and their selection, its counters
+        self.pen, self.gap, self.sel = np.zeros(v, np.float64), np.zeros(v, np.float64), np.zeros(v, np.float64)
+        self.sample_stats = np.zeros(2, np.int64)
 
 
 def head_argmax(session: NativeSession, x: np.ndarray, max_candidates: int | None = None,
@@ -773,13 +779,34 @@ def head_universe(session: NativeSession, buffers: _HeadBuffers, up: np.ndarray,
     return Universe(b.ids[:n], b.weight[:n] if weights else None, b.cum[:n] if weights else None, zmax, cut)
 
 
+# Uniforms a sampled step takes from the request's generator for q4.c's sample_bounded: what REJECTION_TRIES rounds can
+# use at most (a proposal's draw and its redraw test, REDRAWS + 1 times, and the acceptance test), 10 us of numpy's.
+SAMPLE_UNIFORMS = REJECTION_TRIES * (2 * (REDRAWS + 1) + 1)
+
+
+def _sample_in_c(session: NativeSession, b: _HeadBuffers, x: np.ndarray, sampler: Sampler) -> Token | None:
+    """Sampler.draw_bounded for temperature and top_p alone, by q4.c's sample_bounded from the bounds in `b` (one C call
+    instead of a Python call per proposal and per nucleus round); None: the step goes to the whole head."""
+    p = sampler.params
+    u = sampler.uniforms(SAMPLE_UNIFORMS)
+    b.sample_stats[:] = 0
+    token = session.lib.sample_bounded(
+        _ptr(x), x.shape[1], _ptr(session.head), _ptr(b.lower), _ptr(b.upper), session.vocab_size, p.temperature,
+        p.top_p, TAIL_LOG, REJECTION_TRIES, REDRAWS, NUCLEUS_ROWS, session.max_candidates, _ptr(u), len(u),
+        _ptr(b.ids), _ptr(b.weight), _ptr(b.cum), _ptr(b.pen), _ptr(b.gap), _ptr(b.sel), _ptr(b.sample_stats))
+    sampler.rescored += int(b.sample_stats[0])
+    sampler.head_reads += int(b.sample_stats[1])
+    return sampler.emit(token) if token >= 0 else None
+
+
 def head_sample(session: NativeSession, x: np.ndarray, sampler: Sampler, buffers: _HeadBuffers | None = None) -> Token:
     """The next token of one stream whose request samples (or penalises, or asks for logprobs).
 
     The int8 head gives a_r and, as in head_argmax, a bound e_r with |x . E_r - a_r| <= e_r, so every logit lies in
     [a_r - e_r, a_r + e_r] (q4.c's head_bounds, one pass). `Sampler.draw_bounded` draws from those bounds and the fp32
-    logits of the rows it asks for (head_rows), exactly from the distribution the full head gives (rejection sampling, see there). When that would take more
-    than `max_candidates` rows, and for logprobs (which need the normaliser), the full fp32 head runs instead.
+    logits of the rows it asks for (head_rows), exactly from the distribution the full head gives (rejection sampling,
+    see there); for temperature and top_p alone, q4.c's sample_bounded runs the same draw in one call. When that would
+    take more than `max_candidates` rows, and for logprobs (which need the normaliser), the full fp32 head runs instead.
     """
     x = np.ascontiguousarray(x, np.float32).reshape(1, -1)
     k = x.shape[1]
@@ -793,11 +820,14 @@ def head_sample(session: NativeSession, x: np.ndarray, sampler: Sampler, buffers
         a, lower, upper = b.logits[0], b.lower, b.upper
         session.lib.head_bounds(_ptr(x), k, v, vp, _ptr(t["head.q8"]), _ptr(t["head.q8_scale"]), _ptr(t["head.dn"]),
                                 _ptr(t["head.en"]), _ptr(a), _ptr(lower), _ptr(upper), session.team)
-        if session.arch.final_softcap:  # monotone: the capped bounds bound the capped logits
-            cap = session.arch.final_softcap
-            lower, upper = cap * np.tanh(lower / cap), cap * np.tanh(upper / cap)
-        token = sampler.draw_bounded(lower, upper, lambda ids: session.logits(head_rows(session, x, ids)),
-                                     session.max_candidates, partial(head_universe, session, b), scratch=True)
+        if sampler.params.temperature_and_top_p_only and not session.arch.final_softcap:
+            token = _sample_in_c(session, b, x, sampler)
+        else:
+            if session.arch.final_softcap:  # monotone: the capped bounds bound the capped logits
+                cap = session.arch.final_softcap
+                lower, upper = cap * np.tanh(lower / cap), cap * np.tanh(upper / cap)
+            token = sampler.draw_bounded(lower, upper, lambda ids: session.logits(head_rows(session, x, ids)),
+                                         session.max_candidates, partial(head_universe, session, b), scratch=True)
     full = token is None
     if full:
         token = sampler.choose(np.arange(v), session.logits(head_rows(session, x)))

@@ -82,6 +82,11 @@ class SamplingParams:
         return self.frequency_penalty != 0 or self.presence_penalty != 0 or self.repetition_penalty != 1
 
     @property
+    def temperature_and_top_p_only(self) -> bool:
+        """Sampled, with no truncation but top_p and nothing else asked (what q4.c's sample_bounded draws by itself)."""
+        return self.temperature > 0 and self.top_k <= 0 and not self.penalised and not self.logprobs
+
+    @property
     def plain_greedy(self) -> bool:
         """Greedy with nothing else asked: a backend's exact-argmax path gives the same tokens."""
         return self.temperature == 0 and not self.penalised and not self.logprobs
@@ -284,6 +289,15 @@ class Sampler:
         cum = np.cumsum(w[order])
         j = int(np.searchsorted(cum, self._rng.random() * cum[-1], side="right"))
         return int(order[min(j, len(order) - 1)])
+
+    def uniforms(self, n: int) -> np.ndarray:
+        """The request's next n uniforms in [0, 1) from its seeded generator (for a draw made outside this class)."""
+        return self._rng.random(n)
+
+    def emit(self, token: int) -> Token:
+        """A token drawn outside this class (by the same rule), counted for the penalties as `choose` counts its own."""
+        self._count(int(token))
+        return Token(int(token))
 
     def _count(self, token: int) -> None:
         self.output_counts[token] += 1

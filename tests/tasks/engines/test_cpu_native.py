@@ -12,6 +12,7 @@ import os
 import shutil
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -734,6 +735,95 @@ def test_head_universe_is_numpys_with_weights_that_bound_it_from_above(t: float,
         assert np.allclose(got.cum, np.cumsum(got.weight), rtol=1e-12, atol=0)
         ids_only = cpu_native.head_universe(session, buffers, up, t, False)
         assert np.array_equal(ids_only.ids, ref.ids) and ids_only.weight is None
+
+
+def _c_draws(logits: np.ndarray, lo: np.ndarray, up: np.ndarray, params, n: int, tail_log: float | None = None,
+             max_rows: int = 1000) -> tuple[np.ndarray, int, np.ndarray]:
+    """n independent draws by q4.c's sample_bounded over a head whose rows hold the logits themselves (E_r = [l_r, 0..],
+    x = [1, 0..]), each given up, as cpu_native does, to the whole head when it returns no token. Returns (counts per
+    token, draws given up, [rows rescored, nucleus tests that read every row])."""
+    from tasks.engines.sampling import NUCLEUS_ROWS, REDRAWS, REJECTION_TRIES, TAIL_LOG, Sampler
+
+    lib = cpu_native._library()
+    v, k = len(logits), 8
+    E = np.zeros((v, k), np.float32)
+    E[:, 0] = logits
+    x = np.zeros(k, np.float32)
+    x[0] = 1.0
+    exact = E[:, 0].astype(np.float64)
+    lo, up = np.ascontiguousarray(lo, np.float64), np.ascontiguousarray(up, np.float64)
+    ids = np.zeros(v, np.int32)
+    prop, cum, pen, gap, sel = (np.zeros(v) for _ in range(5))
+    stats = np.zeros(2, np.int64)
+    P = cpu_native._ptr
+    sampler = Sampler(params)
+    drawn, given_up = np.zeros(v, np.int64), 0
+    for _ in range(n):
+        u = sampler.uniforms(cpu_native.SAMPLE_UNIFORMS)
+        tok = lib.sample_bounded(P(x), k, P(E), P(lo), P(up), v, params.temperature, params.top_p,
+                                 TAIL_LOG if tail_log is None else tail_log, REJECTION_TRIES, REDRAWS, NUCLEUS_ROWS,
+                                 max_rows, P(u), len(u), P(ids), P(prop), P(cum), P(pen), P(gap), P(sel), P(stats))
+        if tok < 0:
+            given_up += 1
+            tok = int(sampler.choose(np.arange(v), exact))
+        drawn[tok] += 1
+    return drawn, given_up, stats
+
+
+C_SETTINGS = ["t1.0", "t0.7-top_p0.9", "t1.3-top_p0.5"]
+
+
+@pytest.mark.parametrize("case", ["plain", "loose favourites", "tail block", "few rows"])
+@pytest.mark.parametrize("name", C_SETTINGS)
+def test_sample_bounded_follows_the_exact_distribution(name: str, case: str) -> None:
+    """q4.c's sample_bounded (temperature and top_p alone) against the exact softmax of its logits: chi-square over
+    12,000 seeded draws, nothing drawn that top_p excludes, and what each case is there to reach reached: proposals
+    on favourites whose bounds overstate them e^4 times (redraws, rebuilt sums), the tail block (TAIL_LOG 1.5: most
+    proposals widen the universe), a row budget of 20 (nucleus tests read every row)."""
+    from tests.tasks.engines.test_sampling import SETTINGS, _big_logits, chi_square_p, target
+
+    params, counts = SETTINGS[name]
+    params = replace(params, seed=11 + C_SETTINGS.index(name))  # its own stream (the Python draw's tests use theirs)
+    logits = _big_logits(5).astype(np.float32)
+    rng = np.random.default_rng(7)
+    lo = logits - rng.uniform(0, 0.3, len(logits))
+    up = logits + rng.uniform(0, 0.3, len(logits))
+    if case == "loose favourites":
+        up[np.argsort(-logits)[:3]] += 4.0 * params.temperature
+    n = 12000
+    drawn, given_up, stats = _c_draws(logits, lo, up, params, n, tail_log=1.5 if case == "tail block" else None,
+                                      max_rows=20 if case == "few rows" else 1000)
+    want = target(logits.astype(np.float64), params, counts)
+    assert not drawn[want == 0].any(), "a token top_p excludes was drawn"
+    assert chi_square_p(drawn, want) > 1e-3
+    assert given_up <= n // 100
+    if case == "few rows" and params.top_p < 1:
+        assert stats[1] > 0  # nucleus tests that had to read every row
+    if case == "plain":
+        assert stats[0] < n * len(logits) / 10  # rows rescored: far fewer than the whole head's, draw after draw
+
+
+def test_sample_bounded_check_tells_a_near_miss_apart() -> None:
+    """The test above can fail: sample_bounded's draws at temperature 0.75 judged against 0.7 are rejected."""
+    from tasks.engines.sampling import SamplingParams
+    from tests.tasks.engines.test_sampling import _big_logits, chi_square_p, target
+
+    logits = _big_logits(5).astype(np.float32)
+    rng = np.random.default_rng(7)
+    lo, up = logits - rng.uniform(0, 0.3, len(logits)), logits + rng.uniform(0, 0.3, len(logits))
+    drawn, _, _ = _c_draws(logits, lo, up, SamplingParams(temperature=0.75, top_p=0.9, seed=12), 12000)
+    assert chi_square_p(drawn, target(logits.astype(np.float64), SamplingParams(temperature=0.7, top_p=0.9), {})) < 1e-6
+
+
+def test_sample_bounded_refuses_a_bound_that_does_not_hold() -> None:
+    from tasks.engines.sampling import SamplingParams
+    from tests.tasks.engines.test_sampling import _big_logits
+
+    logits = _big_logits(2).astype(np.float32)
+    lo, up = logits - 0.1, logits + 0.1
+    up[np.argmax(logits)] -= 0.5  # below the favourite's own logit: nearly every proposal is the broken row
+    drawn, given_up, _ = _c_draws(logits, lo, up, SamplingParams(temperature=0.05, seed=0), 50)
+    assert given_up == 50
 
 
 def test_a_step_that_would_rescore_more_than_max_candidates_reads_the_whole_head(engines) -> None:
