@@ -82,9 +82,9 @@ class SamplingParams:
         return self.frequency_penalty != 0 or self.presence_penalty != 0 or self.repetition_penalty != 1
 
     @property
-    def temperature_and_top_p_only(self) -> bool:
-        """Sampled, with no truncation but top_p and nothing else asked (what q4.c's sample_bounded draws by itself)."""
-        return self.temperature > 0 and self.top_k <= 0 and not self.penalised and not self.logprobs
+    def sampled_without_top_k(self) -> bool:
+        """Sampled, truncated by top_p at most, logprobs not asked (what q4.c's sample_bounded draws by itself)."""
+        return self.temperature > 0 and self.top_k <= 0 and not self.logprobs
 
     @property
     def plain_greedy(self) -> bool:
@@ -289,6 +289,18 @@ class Sampler:
         cum = np.cumsum(w[order])
         j = int(np.searchsorted(cum, self._rng.random() * cum[-1], side="right"))
         return int(order[min(j, len(order) - 1)])
+
+    def penalty_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What `penalise` does to each token it touches, for a draw made outside this class: their ids (ascending),
+        1 where the repetition penalty applies, and what is then subtracted (frequency x count + presence)."""
+        p = self.params
+        seen = self.seen if p.repetition_penalty != 1 else set()
+        counted = self.output_counts if (p.frequency_penalty or p.presence_penalty) else {}
+        ids = sorted(seen | set(counted))
+        rep = np.array([i in seen for i in ids], np.int32)
+        sub = np.array([p.frequency_penalty * float(counted[i]) + p.presence_penalty if i in counted else 0.0 for i in ids],
+                       np.float64)
+        return np.array(ids, np.int64), rep, sub
 
     def uniforms(self, n: int) -> np.ndarray:
         """The request's next n uniforms in [0, 1) from its seeded generator (for a draw made outside this class)."""

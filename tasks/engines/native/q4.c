@@ -670,8 +670,10 @@ int head_envelope(const double* up, int V, double t, double tail_log, int* ids, 
 }
 
 // ---------------------------------------------------------------------------------------------- sampled step
-// sampling.py's draw_bounded for a request with temperature t > 0 and top_p q (1: none), and nothing else: no top_k,
-// no penalties, no softcap (those, and logprobs, take sampling.py's own path). The same algorithm, step for step
+// sampling.py's draw_bounded for a request with temperature t > 0, top_p q (1: none) and any penalties, without top_k
+// or a softcap (those, and logprobs, take sampling.py's own path). lo/up bound the penalised logits (the caller applied
+// the penalties to them); a rescored row gets Sampler.penalise's own arithmetic from the table of the tokens it touches:
+// ids tids[0..nt) ascending, trep[i] 1 where the repetition penalty rp applies, then tsub[i] subtracted. The same algorithm, step for step
 // (`_Envelope`: the universe and its envelope, proposals with redraws of rescored rows, the exact acceptance ratio,
 // the nucleus test with its first bound and its rounds of the widest rows), without a Python call per proposal and per
 // round: a sampled step's draw cost ~0.4-0.6 ms there. x . E_r by dotK, as head_rows. The uniforms come from the
@@ -682,12 +684,19 @@ typedef struct {
     const float* x; int K; const float* E; const double* lo; const double* up; int V;
     double t, zmax, cut, tail_w; int n, tail, redraws, bad; long budget, rescored, head_reads;
     int* ids; double* prop; double* cum; double* pen;
+    const int64_t* tids; const int* trep; const double* tsub; int nt; double rp;
 } sb_t;
 
 static double sb_row(sb_t* s, int k) {  // universe row k's exact logit, rescored once per step
     if (s->pen[k] == s->pen[k]) return s->pen[k];
     const int r = s->ids[k];
-    const double v = (double)dotK(s->x, s->E + (size_t)r * s->K, s->K);
+    double v = (double)dotK(s->x, s->E + (size_t)r * s->K, s->K);
+    int a = 0, b = s->nt;  // the penalties of the token, if it has any
+    while (a < b) { const int m = (a + b) >> 1; if (s->tids[m] < r) a = m + 1; else b = m; }
+    if (a < s->nt && s->tids[a] == r) {
+        if (s->trep[a]) v = v > 0 ? v / s->rp : v * s->rp;
+        v -= s->tsub[a];
+    }
     s->pen[k] = v; s->budget--; s->rescored++;
     if (!(s->lo[r] <= v && v <= s->up[r])) s->bad = 1;
     return v;
@@ -805,11 +814,13 @@ static int sb_nucleus(sb_t* s, int j, double q, int nucleus_rows, double* gap, d
 }
 
 int sample_bounded(const float* x, int K, const float* E, const double* lo, const double* up, int V, double t,
-                   double q, double tail_log, int tries, int redraws, int nucleus_rows, long max_rows,
+                   double q, const int64_t* tids, const int* trep, const double* tsub, int nt, double rp,
+                   double tail_log, int tries, int redraws, int nucleus_rows, long max_rows,
                    const double* u, int nu, int* ids, double* prop, double* cum, double* pen, double* gap,
                    double* sel, long* stats) {
     double env[2];
-    sb_t s = {x, K, E, lo, up, V, t, 0, 0, exp(-tail_log), 0, 0, redraws, 0, max_rows, 0, 0, ids, prop, cum, pen};
+    sb_t s = {x, K, E, lo, up, V, t, 0, 0, exp(-tail_log), 0, 0, redraws, 0, max_rows, 0, 0, ids, prop, cum, pen,
+              tids, trep, tsub, nt, rp};
     s.n = head_envelope(up, V, t, tail_log, ids, prop, cum, env);
     s.zmax = env[0]; s.cut = env[1]; s.tail = V - s.n;
     for (int k = 0; k < s.n; k++) pen[k] = NAN;

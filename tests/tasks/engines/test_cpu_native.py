@@ -12,6 +12,7 @@ import os
 import shutil
 import threading
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -738,10 +739,11 @@ def test_head_universe_is_numpys_with_weights_that_bound_it_from_above(t: float,
 
 
 def _c_draws(logits: np.ndarray, lo: np.ndarray, up: np.ndarray, params, n: int, tail_log: float | None = None,
-             max_rows: int = 1000) -> tuple[np.ndarray, int, np.ndarray]:
+             max_rows: int = 1000, counts: Counter = Counter()) -> tuple[np.ndarray, int, np.ndarray]:
     """n independent draws by q4.c's sample_bounded over a head whose rows hold the logits themselves (E_r = [l_r, 0..],
-    x = [1, 0..]), each given up, as cpu_native does, to the whole head when it returns no token. Returns (counts per
-    token, draws given up, [rows rescored, nucleus tests that read every row])."""
+    x = [1, 0..]), each with the request's token counts reset to `counts` and given up, as cpu_native does, to the
+    whole head when it returns no token. Returns (counts per token, draws given up, [rows rescored, nucleus tests that
+    read every row])."""
     from tasks.engines.sampling import NUCLEUS_ROWS, REDRAWS, REJECTION_TRIES, TAIL_LOG, Sampler
 
     lib = cpu_native._library()
@@ -759,8 +761,13 @@ def _c_draws(logits: np.ndarray, lo: np.ndarray, up: np.ndarray, params, n: int,
     sampler = Sampler(params)
     drawn, given_up = np.zeros(v, np.int64), 0
     for _ in range(n):
+        sampler.output_counts = Counter(counts)
+        sampler.seen = set(counts) if params.repetition_penalty != 1 else set()
+        lo_p, up_p = sampler.penalised_bounds(lo, up)
+        tids, trep, tsub = sampler.penalty_table()
         u = sampler.uniforms(cpu_native.SAMPLE_UNIFORMS)
-        tok = lib.sample_bounded(P(x), k, P(E), P(lo), P(up), v, params.temperature, params.top_p,
+        tok = lib.sample_bounded(P(x), k, P(E), P(lo_p), P(up_p), v, params.temperature, params.top_p, P(tids), P(trep),
+                                 P(tsub), len(tids), params.repetition_penalty,
                                  TAIL_LOG if tail_log is None else tail_log, REJECTION_TRIES, REDRAWS, NUCLEUS_ROWS,
                                  max_rows, P(u), len(u), P(ids), P(prop), P(cum), P(pen), P(gap), P(sel), P(stats))
         if tok < 0:
@@ -770,13 +777,13 @@ def _c_draws(logits: np.ndarray, lo: np.ndarray, up: np.ndarray, params, n: int,
     return drawn, given_up, stats
 
 
-C_SETTINGS = ["t1.0", "t0.7-top_p0.9", "t1.3-top_p0.5"]
+C_SETTINGS = ["t1.0", "t0.7-top_p0.9", "t1.3-top_p0.5", "t0.7-penalties"]
 
 
 @pytest.mark.parametrize("case", ["plain", "loose favourites", "tail block", "few rows"])
 @pytest.mark.parametrize("name", C_SETTINGS)
 def test_sample_bounded_follows_the_exact_distribution(name: str, case: str) -> None:
-    """q4.c's sample_bounded (temperature and top_p alone) against the exact softmax of its logits: chi-square over
+    """q4.c's sample_bounded (temperature, top_p, penalties) against the exact softmax of its logits: chi-square over
     12,000 seeded draws, nothing drawn that top_p excludes, and what each case is there to reach reached: proposals
     on favourites whose bounds overstate them e^4 times (redraws, rebuilt sums), the tail block (TAIL_LOG 1.5: most
     proposals widen the universe), a row budget of 20 (nucleus tests read every row)."""
@@ -792,7 +799,7 @@ def test_sample_bounded_follows_the_exact_distribution(name: str, case: str) -> 
         up[np.argsort(-logits)[:3]] += 4.0 * params.temperature
     n = 12000
     drawn, given_up, stats = _c_draws(logits, lo, up, params, n, tail_log=1.5 if case == "tail block" else None,
-                                      max_rows=20 if case == "few rows" else 1000)
+                                      max_rows=20 if case == "few rows" else 1000, counts=counts)
     want = target(logits.astype(np.float64), params, counts)
     assert not drawn[want == 0].any(), "a token top_p excludes was drawn"
     assert chi_square_p(drawn, want) > 1e-3
