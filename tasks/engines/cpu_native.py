@@ -220,7 +220,8 @@ def _library() -> ctypes.CDLL:
             lib.head_envelope.argtypes = [P, I, ctypes.c_double, ctypes.c_double, P, P, P, P]
             lib.head_envelope.restype = I
             D = ctypes.c_double
-            lib.sample_bounded.argtypes = [P, I, P, P, P, I, D, D, P, P, P, I, D, D, I, I, I, L, P, I, P, P, P, P, P, P, P]
+            lib.sample_bounded.argtypes = [P, I, P, P, P, I, D, D, I, P, P, P, I, D, D, I, I, I, L, P, I, P, P, P, P, P, P,
+                                           P]
             lib.sample_bounded.restype = I
             lib.llama_scratch_floats.argtypes = [I, I, I, I, I, I, I]
             lib.llama_scratch_floats.restype = L
@@ -785,15 +786,15 @@ SAMPLE_UNIFORMS = REJECTION_TRIES * (2 * (REDRAWS + 1) + 1)
 
 
 def _sample_in_c(session: NativeSession, b: _HeadBuffers, x: np.ndarray, sampler: Sampler) -> Token | None:
-    """Sampler.draw_bounded without top_k, by q4.c's sample_bounded from the (penalised) bounds in `b`: one C call instead
-    of a Python call per proposal and per nucleus round. None: the step goes to the whole head."""
+    """Sampler.draw_bounded by q4.c's sample_bounded from the (penalised) bounds in `b`: one C call instead of a Python
+    call per proposal, per nucleus round and per top_k step. None: the step goes to the whole head."""
     p = sampler.params
     u = sampler.uniforms(SAMPLE_UNIFORMS)
     tids, trep, tsub = sampler.penalty_table()
     b.sample_stats[:] = 0
     token = session.lib.sample_bounded(
         _ptr(x), x.shape[1], _ptr(session.head), _ptr(b.lower), _ptr(b.upper), session.vocab_size, p.temperature,
-        p.top_p, _ptr(tids), _ptr(trep), _ptr(tsub), len(tids), p.repetition_penalty, TAIL_LOG, REJECTION_TRIES,
+        p.top_p, p.top_k, _ptr(tids), _ptr(trep), _ptr(tsub), len(tids), p.repetition_penalty, TAIL_LOG, REJECTION_TRIES,
         REDRAWS, NUCLEUS_ROWS, session.max_candidates, _ptr(u), len(u), _ptr(b.ids), _ptr(b.weight), _ptr(b.cum),
         _ptr(b.pen), _ptr(b.gap), _ptr(b.sel), _ptr(b.sample_stats))
     sampler.rescored += int(b.sample_stats[0])
@@ -807,7 +808,7 @@ def head_sample(session: NativeSession, x: np.ndarray, sampler: Sampler, buffers
     The int8 head gives a_r and, as in head_argmax, a bound e_r with |x . E_r - a_r| <= e_r, so every logit lies in
     [a_r - e_r, a_r + e_r] (q4.c's head_bounds, one pass). `Sampler.draw_bounded` draws from those bounds and the fp32
     logits of the rows it asks for (head_rows), exactly from the distribution the full head gives (rejection sampling,
-    see there); without top_k, q4.c's sample_bounded runs the same draw in one call. When that would
+    see there); q4.c's sample_bounded runs the same draw in one call (the Python one remains for Gemma 2's softcap). When that would
     take more than `max_candidates` rows, and for logprobs (which need the normaliser), the full fp32 head runs instead.
     """
     x = np.ascontiguousarray(x, np.float32).reshape(1, -1)
@@ -822,7 +823,7 @@ def head_sample(session: NativeSession, x: np.ndarray, sampler: Sampler, buffers
         a, lower, upper = b.logits[0], b.lower, b.upper
         session.lib.head_bounds(_ptr(x), k, v, vp, _ptr(t["head.q8"]), _ptr(t["head.q8_scale"]), _ptr(t["head.dn"]),
                                 _ptr(t["head.en"]), _ptr(a), _ptr(lower), _ptr(upper), session.team)
-        if sampler.params.sampled_without_top_k and not session.arch.final_softcap:
+        if sampler.params.temperature > 0 and not session.arch.final_softcap:
             sampler.penalised_bounds(lower, upper, in_place=True)
             token = _sample_in_c(session, b, x, sampler)
         else:

@@ -670,8 +670,8 @@ int head_envelope(const double* up, int V, double t, double tail_log, int* ids, 
 }
 
 // ---------------------------------------------------------------------------------------------- sampled step
-// sampling.py's draw_bounded for a request with temperature t > 0, top_p q (1: none) and any penalties, without top_k
-// or a softcap (those, and logprobs, take sampling.py's own path). lo/up bound the penalised logits (the caller applied
+// sampling.py's draw_bounded for a request with temperature t > 0, top_k (0: none), top_p q (1: none) and any
+// penalties, without a softcap (that, and logprobs, take sampling.py's own path). lo/up bound the penalised logits (the caller applied
 // the penalties to them); a rescored row gets Sampler.penalise's own arithmetic from the table of the tokens it touches:
 // ids tids[0..nt) ascending, trep[i] 1 where the repetition penalty rp applies, then tsub[i] subtracted. The same algorithm, step for step
 // (`_Envelope`: the universe and its envelope, proposals with redraws of rescored rows, the exact acceptance ratio,
@@ -813,14 +813,66 @@ static int sb_nucleus(sb_t* s, int j, double q, int nucleus_rows, double* gap, d
     }
 }
 
+typedef struct { double z; int id; } zid_t;
+static int zid_order(const void* a, const void* b) {  // descending z, then ascending id
+    const zid_t* x = (const zid_t*)a; const zid_t* y = (const zid_t*)b;
+    return x->z > y->z ? -1 : x->z < y->z ? 1 : (x->id > y->id) - (x->id < y->id);
+}
+
+// top_k (0 < k < V): draw_bounded's top_k branch and Sampler._draw after it. The rows whose upper bound reaches the
+// k-th largest lower bound (taken among the universe when that holds them) hold the top k; all are rescored, the
+// top k by (penalised logit, then id) kept, top_p applied inside them, one uniform draws. -1: more rows than max_rows.
+static int sb_top_k(sb_t* s, int k, double q, double tail_log, long max_rows, double u, double* sel) {
+    double env[2];
+    const int n = head_envelope(s->up, s->V, s->t, tail_log, s->ids, NULL, NULL, env);
+    const double cut = env[1];
+    double thr = -INFINITY; int near = 0;
+    if (n >= k) {
+        for (int i = 0; i < n; i++) sel[i] = s->lo[s->ids[i]];
+        thr = kth_largest(sel, n, k - 1);
+        near = thr >= cut;  // every token outside the universe has its upper bound below it
+    }
+    if (!near) { for (int r = 0; r < s->V; r++) sel[r] = s->lo[r]; thr = kth_largest(sel, s->V, k - 1); }
+    int m = 0;
+    if (near) { for (int i = 0; i < n; i++) if (s->up[s->ids[i]] >= thr) s->ids[m++] = s->ids[i]; }
+    else for (int r = 0; r < s->V; r++) if (s->up[r] >= thr) s->ids[m++] = r;
+    if (m > max_rows) return -1;
+    zid_t* c = (zid_t*)malloc((size_t)m * sizeof(zid_t));
+    if (!c) return -1;
+    s->n = m;
+    for (int i = 0; i < m; i++) { s->pen[i] = NAN; c[i].z = sb_row(s, i) / s->t; c[i].id = s->ids[i]; }
+    if (s->bad) { free(c); return -2; }
+    qsort(c, (size_t)m, sizeof(zid_t), zid_order);
+    const int kk = k < m ? k : m;
+    double total = 0;
+    for (int i = 0; i < kk; i++) { sel[i] = exp(c[i].z - c[0].z); total += sel[i]; }
+    int keep = kk;
+    if (q < 1.0) {  // the smallest head of the top k whose mass reaches top_p
+        double cum = 0;
+        for (int i = 0; i < kk; i++) { cum += sel[i]; if (cum / total >= q) { keep = i + 1; break; } }
+    }
+    double cum = 0;
+    for (int i = 0; i < keep; i++) cum += sel[i];
+    const double r = u * cum;
+    double acc = 0; int token = c[keep - 1].id;
+    for (int i = 0; i < keep; i++) { acc += sel[i]; if (acc > r) { token = c[i].id; break; } }
+    free(c);
+    return token;
+}
+
 int sample_bounded(const float* x, int K, const float* E, const double* lo, const double* up, int V, double t,
-                   double q, const int64_t* tids, const int* trep, const double* tsub, int nt, double rp,
+                   double q, int top_k, const int64_t* tids, const int* trep, const double* tsub, int nt, double rp,
                    double tail_log, int tries, int redraws, int nucleus_rows, long max_rows,
                    const double* u, int nu, int* ids, double* prop, double* cum, double* pen, double* gap,
                    double* sel, long* stats) {
     double env[2];
     sb_t s = {x, K, E, lo, up, V, t, 0, 0, exp(-tail_log), 0, 0, redraws, 0, max_rows, 0, 0, ids, prop, cum, pen,
               tids, trep, tsub, nt, rp};
+    if (top_k > 0 && top_k < V) {
+        const int token = nu > 0 ? sb_top_k(&s, top_k, q, tail_log, max_rows, u[0], sel) : -1;
+        stats[0] += s.rescored;
+        return token;
+    }
     s.n = head_envelope(up, V, t, tail_log, ids, prop, cum, env);
     s.zmax = env[0]; s.cut = env[1]; s.tail = V - s.n;
     for (int k = 0; k < s.n; k++) pen[k] = NAN;
