@@ -823,7 +823,7 @@ def head_sample(session: NativeSession, x: np.ndarray, sampler: Sampler, buffers
         a, lower, upper = b.logits[0], b.lower, b.upper
         session.lib.head_bounds(_ptr(x), k, v, vp, _ptr(t["head.q8"]), _ptr(t["head.q8_scale"]), _ptr(t["head.dn"]),
                                 _ptr(t["head.en"]), _ptr(a), _ptr(lower), _ptr(upper), session.team)
-        if sampler.params.temperature > 0 and not session.arch.final_softcap:
+        if not session.arch.final_softcap:
             sampler.penalised_bounds(lower, upper, in_place=True)
             token = _sample_in_c(session, b, x, sampler)
         else:

@@ -670,7 +670,7 @@ int head_envelope(const double* up, int V, double t, double tail_log, int* ids, 
 }
 
 // ---------------------------------------------------------------------------------------------- sampled step
-// sampling.py's draw_bounded for a request with temperature t > 0, top_k (0: none), top_p q (1: none) and any
+// sampling.py's draw_bounded for a request with temperature t (0: greedy), top_k (0: none), top_p q (1: none) and any
 // penalties, without a softcap (that, and logprobs, take sampling.py's own path). lo/up bound the penalised logits (the caller applied
 // the penalties to them); a rescored row gets Sampler.penalise's own arithmetic from the table of the tokens it touches:
 // ids tids[0..nt) ascending, trep[i] 1 where the repetition penalty rp applies, then tsub[i] subtracted. The same algorithm, step for step
@@ -868,6 +868,18 @@ int sample_bounded(const float* x, int K, const float* E, const double* lo, cons
     double env[2];
     sb_t s = {x, K, E, lo, up, V, t, 0, 0, exp(-tail_log), 0, 0, redraws, 0, max_rows, 0, 0, ids, prop, cum, pen,
               tids, trep, tsub, nt, rp};
+    if (t == 0) {  // greedy over the penalised logits: the rows that can be the maximum, rescored; the first maximum wins
+        double best_lo = -INFINITY; int m = 0, token = -1; double best = -INFINITY;
+        for (int r = 0; r < V; r++) if (lo[r] > best_lo) best_lo = lo[r];
+        for (int r = 0; r < V; r++) if (up[r] >= best_lo) ids[m++] = r;
+        if (m <= max_rows) {
+            s.n = m;
+            for (int i = 0; i < m; i++) { pen[i] = NAN; const double v = sb_row(&s, i); if (v > best) { best = v; token = ids[i]; } }
+            if (s.bad) token = -2;
+        }
+        stats[0] += s.rescored;
+        return token;
+    }
     if (top_k > 0 && top_k < V) {
         const int token = nu > 0 ? sb_top_k(&s, top_k, q, tail_log, max_rows, u[0], sel) : -1;
         stats[0] += s.rescored;

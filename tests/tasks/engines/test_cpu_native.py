@@ -816,6 +816,27 @@ def test_sample_bounded_follows_the_exact_distribution(name: str, case: str) -> 
         assert stats[0] < n * len(logits) / 10  # rows rescored: far fewer than the whole head's, draw after draw
 
 
+def test_sample_bounded_greedy_is_the_first_maximum_of_the_penalised_logits() -> None:
+    """temperature 0 with penalties: the token is np.argmax of the penalised logits, the lowest id among ties."""
+    from tasks.engines.sampling import Sampler, SamplingParams
+    from tests.tasks.engines.test_sampling import _big_logits
+
+    logits = np.round(_big_logits(1), 1).astype(np.float32)
+    logits[[0, -1]] = np.sort(np.unique(logits))[-2]  # the runner-up's logit three times: ties once the favourite drops
+    counts = Counter({int(np.argmax(logits)): 1})
+    for params in (SamplingParams(presence_penalty=2.0), SamplingParams(repetition_penalty=1.5),
+                   SamplingParams(repetition_penalty=1.5, frequency_penalty=0.2)):
+        s = Sampler(params)
+        s.output_counts.update(counts)
+        s.seen |= set(counts) if params.repetition_penalty != 1 else set()
+        adj = s.penalise(np.arange(len(logits)), logits.astype(np.float64))
+        want = int(np.argmax(adj))
+        assert want != int(np.argmax(logits))  # the penalty moved it: the test tells the two apart
+        assert want == 0 and np.count_nonzero(adj == adj.max()) == 3  # ties: the first of them
+        drawn, given_up, _ = _c_draws(logits, logits - 0.2, logits + 0.2, params, 3, counts=counts)
+        assert given_up == 0 and drawn[want] == 3
+
+
 def test_sample_bounded_check_tells_a_near_miss_apart() -> None:
     """The test above can fail: sample_bounded's draws at temperature 0.75 judged against 0.7 are rejected."""
     from tasks.engines.sampling import SamplingParams
