@@ -21,7 +21,8 @@ tasks/architecture.py describes (Llama 3.x, Mistral, Qwen2/2.5, Qwen3, Gemma 2, 
   original table (one full fp32 pass when there are more than `max_candidates`). The chosen token is
   the fp32 argmax, not an approximation of it.
 * Sampling (temperature > 0, penalties) draws exactly from the fp32 head's distribution without reading
-  it: the same bound gives every logit an interval, and `Sampler.draw_bounded` proposes a token from the
+  it: the same bound gives every logit an interval, and `Sampler.draw_bounded`'s algorithm (in C: q4.c's
+  sample_bounded, one call a step; Gemma 2's softcap keeps the Python one) proposes a token from the
   upper bounds, rescores that one row in fp32 and accepts it with the exact ratio (rejection sampling);
   top_k rescores the rows that can hold the top k, top_p decides a token's membership from the bounds
   and the rows that keep it open. Logprobs, and a step that would rescore more than `max_candidates`

@@ -7,6 +7,9 @@ A backend hands `choose` the exact fp32 logits of every token and gets back the 
 that can bound every logit cheaply (cpu_native's int8 head) calls `draw_bounded` instead: the same
 distribution, exactly, from the bounds and the exact logits of the few rows it asks for (rejection
 sampling; see its docstring), or None when that would need more rows than reading the whole head.
+cpu_native runs the same algorithm in C (q4.c's sample_bounded, one call a step, taking the penalties from
+`penalty_table` and its uniforms from `uniforms`; its tests hold it to the same distributions), and keeps
+`draw_bounded` for Gemma 2's softcapped logits.
 Backends with their own sampler on the device (TensorRT-LLM) only use `SamplingParams` and state what
 they support in `sampling_support()`.
 

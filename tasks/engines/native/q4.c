@@ -775,7 +775,20 @@ static int sb_nucleus(sb_t* s, int j, double q, int nucleus_rows, double* gap, d
         if (ah * (1 - q) < q * bl) return 1;
     }
     long rows = nucleus_rows;
+    double* wlo = (double*)malloc((size_t)s->V * sizeof(double));  // each row's lower weight, where its side is sure
+    if (!wlo) { s->bad = 1; return 0; }
+    int wlo_n = -1;
     for (;;) {
+        if (wlo_n != s->n) {  // per universe: exp(lo / t - zmax) lowered by 2^-16 (exp8's error and the float exponent)
+            wlo_n = s->n;
+            const __m256 lower = _mm256_set1_ps(1.0f - 0x1p-16f);
+            for (int k0 = 0; k0 < s->n; k0 += 8) {
+                float z[8], w[8]; const int kn = s->n - k0 < 8 ? s->n - k0 : 8;
+                for (int q8 = 0; q8 < 8; q8++) z[q8] = q8 < kn ? (float)(s->lo[s->ids[k0 + q8]] / s->t - s->zmax) : 0.0f;
+                _mm256_storeu_ps(w, _mm256_mul_ps(exp8(_mm256_loadu_ps(z)), lower));
+                for (int q8 = 0; q8 < kn; q8++) wlo[k0 + q8] = w[q8];
+            }
+        }
         const double tail = s->tail * s->tail_w, tail_before = lj >= s->cut ? 0.0 : tail;
         double ae = 0, be = 0, alo = 0, ahi = 0, blo = 0, bhi = 0, open = 0; int m = 0;
         for (int k = 0; k < s->n; k++) {
@@ -787,28 +800,28 @@ static int sb_nucleus(sb_t* s, int j, double q, int nucleus_rows, double* gap, d
             }
             const int r = s->ids[k]; const double l = s->lo[r], h = s->up[r];
             double wl = 0;
-            if (l > lj) { wl = exp(l / s->t - s->zmax); alo += wl; ahi += s->prop[k]; }
-            else if (h < lj) { wl = exp(l / s->t - s->zmax); blo += wl; bhi += s->prop[k]; }
+            if (l > lj) { wl = wlo[k]; alo += wl; ahi += s->prop[k]; }
+            else if (h < lj) { wl = wlo[k]; blo += wl; bhi += s->prop[k]; }
             else open += s->prop[k];
             gap[k] = s->prop[k] - wl;
             if (gap[k] != 0) sel[m++] = gap[k];
         }
         const double a_lo = ae + alo, a_hi = ae + ahi + open + tail_before, b_lo = be + blo, b_hi = be + bhi + open + tail;
-        if (a_hi * (1 - q) < q * b_lo) return 1;
-        if (a_lo * (1 - q) >= q * b_hi) return 0;
+        if (a_hi * (1 - q) < q * b_lo) { free(wlo); return 1; }
+        if (a_lo * (1 - q) >= q * b_hi) { free(wlo); return 0; }
         long take = rows < m ? rows : m; if (take > s->budget) take = s->budget;
         if (take <= 0) {  // the rows allowed are spent (or only the tail is left): read every row, which decides it
             s->head_reads++;
             if (s->tail) { sb_widen(s); j = i; }
             for (int k = 0; k < s->n; k++) sb_row(s, k);
-            if (s->bad) return 0;
+            if (s->bad) { free(wlo); return 0; }
             continue;
         }
         const double thr = kth_largest(sel, m, (int)take - 1);
         long done = 0;
         for (int k = 0; k < s->n && done < take; k++) if (gap[k] > thr) { sb_row(s, k); done++; }
         for (int k = 0; k < s->n && done < take; k++) if (gap[k] == thr && s->pen[k] != s->pen[k]) { sb_row(s, k); done++; }
-        if (s->bad) return 0;
+        if (s->bad) { free(wlo); return 0; }
         rows *= 4;
     }
 }
