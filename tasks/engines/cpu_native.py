@@ -809,8 +809,9 @@ def head_sample(session: NativeSession, x: np.ndarray, sampler: Sampler, buffers
     The int8 head gives a_r and, as in head_argmax, a bound e_r with |x . E_r - a_r| <= e_r, so every logit lies in
     [a_r - e_r, a_r + e_r] (q4.c's head_bounds, one pass). `Sampler.draw_bounded` draws from those bounds and the fp32
     logits of the rows it asks for (head_rows), exactly from the distribution the full head gives (rejection sampling,
-    see there); q4.c's sample_bounded runs the same draw in one call (the Python one remains for Gemma 2's softcap). When that would
-    take more than `max_candidates` rows, and for logprobs (which need the normaliser), the full fp32 head runs instead.
+    see there); q4.c's sample_bounded runs the same draw in one call (the Python one remains for Gemma 2's softcap).
+    When that would take more than `max_candidates` rows, and for logprobs (which need the normaliser), the full fp32
+    head runs instead.
     """
     x = np.ascontiguousarray(x, np.float32).reshape(1, -1)
     k = x.shape[1]
@@ -827,10 +828,9 @@ def head_sample(session: NativeSession, x: np.ndarray, sampler: Sampler, buffers
         if not session.arch.final_softcap:
             sampler.penalised_bounds(lower, upper, in_place=True)
             token = _sample_in_c(session, b, x, sampler)
-        else:
-            if session.arch.final_softcap:  # monotone: the capped bounds bound the capped logits
-                cap = session.arch.final_softcap
-                lower, upper = cap * np.tanh(lower / cap), cap * np.tanh(upper / cap)
+        else:  # monotone: the capped bounds bound the capped logits
+            cap = session.arch.final_softcap
+            lower, upper = cap * np.tanh(lower / cap), cap * np.tanh(upper / cap)
             token = sampler.draw_bounded(lower, upper, lambda ids: session.logits(head_rows(session, x, ids)),
                                          session.max_candidates, partial(head_universe, session, b), scratch=True)
     full = token is None

@@ -212,9 +212,9 @@ class Sampler:
         * otherwise, rejection sampling (`_Envelope`): propose token i with probability proportional to
           exp(upper_i / T), rescore that one row, accept with probability exp((logit_i - upper_i) / T) <= 1. An
           accepted proposal has probability proportional to exp(logit_i / T): the softmax, exactly. A rescored row's
-          exact logit is kept for the rest of the step, so proposing it again costs no row (the proposal weights
-          stay; only a proposal in the tail block changes them, and each round is a valid rejection step whatever
-          came before it, so the draw stays exact). With top_p < 1 an accepted token is kept if it lies in the
+          exact logit is kept for the rest of the step, so proposing it again costs no row, and proposals come from
+          the envelope with each rescored row at its exact weight (adaptive rejection: `_Envelope.propose`); each
+          round is a valid rejection step whatever came before it, so the draw stays exact. With top_p < 1 an accepted token is kept if it lies in the
           nucleus (the tokens before it, in descending logit and ascending id order, hold less than top_p of the
           mass) and drawn again otherwise, which conditions the softmax on the nucleus. Membership is decided
           from the bounds, rescoring the rows that keep it open (`_Envelope.in_nucleus`).

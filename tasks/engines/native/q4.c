@@ -508,8 +508,8 @@ static float dotK(const float* a, const float* b, int K) {
 // y[i] = x . E_r for the n rows r = ids[i] (every row, r = i, when ids is NULL): the same dotK head_argmax rescores
 // with, so every exact logit the engine computes for a row is the same number whichever path asks. Sampling's
 // rescored rows and its full passes (logprobs) come here: numpy's sgemv ran them on OpenBLAS's own threads, which
-// then spin on the second core through the next decoder step and took 1.2-1.9 ms a token from the team there
-// (top_p 0.9 and top_k 40 at 0.59-0.66x greedy against 0.80-0.84x with those threads off; BENCHMARKS.md).
+// then spin on the second core through the next decoder step: its layers took 3.99-4.69 ms a token against 2.43-2.59
+// greedy (top_p 0.9 and top_k 40 at 0.58-0.64x greedy against 0.78-0.86x with those threads off; BENCHMARKS.md).
 typedef struct { const float* x; int K; const float* E; const int* ids; int n; float* y; } rows_job;
 
 static void head_rows_region(void* p, int tid, int nth) {
@@ -671,12 +671,12 @@ int head_envelope(const double* up, int V, double t, double tail_log, int* ids, 
 
 // ---------------------------------------------------------------------------------------------- sampled step
 // sampling.py's draw_bounded for a request with temperature t (0: greedy), top_k (0: none), top_p q (1: none) and any
-// penalties, without a softcap (that, and logprobs, take sampling.py's own path). lo/up bound the penalised logits (the caller applied
-// the penalties to them); a rescored row gets Sampler.penalise's own arithmetic from the table of the tokens it touches:
-// ids tids[0..nt) ascending, trep[i] 1 where the repetition penalty rp applies, then tsub[i] subtracted. The same algorithm, step for step
-// (`_Envelope`: the universe and its envelope, proposals with redraws of rescored rows, the exact acceptance ratio,
-// the nucleus test with its first bound and its rounds of the widest rows), without a Python call per proposal and per
-// round: a sampled step's draw cost ~0.4-0.6 ms there. x . E_r by dotK, as head_rows. The uniforms come from the
+// penalties, without a softcap (that, and logprobs, take sampling.py's own path). lo/up bound the penalised logits
+// (the caller applied the penalties to them); a rescored row gets Sampler.penalise's own arithmetic from the table of
+// the tokens it touches: ids tids[0..nt) ascending, trep[i] 1 where the repetition penalty rp applies, then tsub[i]
+// subtracted. The same algorithm, step for step (`_Envelope`: the universe and its envelope, proposals with redraws
+// of rescored rows, the exact acceptance ratio, the nucleus test with its first bound and its rounds of the widest
+// rows), without a Python call per proposal and per round: a sampled step's draw cost 0.4-0.7 ms there. x . E_r by dotK, as head_rows. The uniforms come from the
 // request's seeded generator, u[0..nu), read in order; a round starts only with enough of them left for itself.
 // Returns the token; -1 when the rounds (tries) or the uniforms ran out, -2 when a bound did not hold: the caller reads
 // the whole head then. stats[0] += rows rescored, stats[1] += nucleus tests that read every row.
