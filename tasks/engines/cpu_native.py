@@ -213,6 +213,7 @@ def _library() -> ctypes.CDLL:
             L = ctypes.c_long
             # every kernel's last argument is the session's team (team_create), or None for one thread
             lib.q4i_gemm.argtypes = [P, I, I, I, P, P, P, P, P]
+            lib.q8w_gemm.argtypes = [P, I, I, I, P, P, P, P, P]
             lib.f32_gemm.argtypes = [P, I, I, I, P, P, P]
             lib.head_argmax.argtypes = [P, I, I, I, I, P, P, P, P, P, P, P, I, P, P, P]
             lib.q8i_gemm.argtypes = [P, I, I, I, P, P, P, P, P]
@@ -227,7 +228,7 @@ def _library() -> ctypes.CDLL:
             lib.llama_scratch_floats.argtypes = [I, I, I, I, I, I, I]
             lib.llama_scratch_floats.restype = L
             lib.llama_step.argtypes = [I, P, P, P, P, I, I, I, I, I, I, F, P, P, P, I, I, P, P, P, P]
-            for name in ("q4i_gemm", "f32_gemm", "head_argmax", "head_bounds", "head_rows", "q8i_gemm", "llama_step",
+            for name in ("q4i_gemm", "q8w_gemm", "f32_gemm", "head_argmax", "head_bounds", "head_rows", "q8i_gemm", "llama_step",
                          "team_destroy"):
                 getattr(lib, name).restype = None
             lib.team_create.argtypes, lib.team_create.restype = [I, L], P

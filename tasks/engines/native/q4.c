@@ -23,7 +23,8 @@
 //    magnitude, identical greedy tokens (BENCHMARKS.md). Up to 4 activation rows (a decode step of up to 4
 //    streams, or 4 tokens of a prefill chunk) share one unpack of every weight row (2.75 ALU ops per 16
 //    weights, against 8 to reach fp32), so a step is close to reading the weights once and a second stream
-//    adds only its own multiply-adds.
+//    adds only its own multiply-adds. A step of more than 4 rows (a prefill chunk) runs panels instead: 8 weight rows
+//    unpacked once per step to int16, then every row's multiply-adds over them, with bitwise the same results.
 //    Layout: w [N][G][16] uint16, word i of row n's group g = q[i] | q[16+i] << 4 | q[32+i] << 8 | q[48+i] << 12
 //    (indices within the group); s fp32 [N][G], z int16 [N][G].
 // 1b. q8w_gemm: the same for 8-bit weights (W8A16, and the 8-bit half of mixed recipes):
@@ -75,6 +76,16 @@ static inline __m256 hsum8(const __m256* a) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+// The same 8 sums, each in hsum's own order (lanes i and i+4, then neighbours, then the two pairs), so that a row's
+// result does not depend on which kernel reduced it.
+static inline __m256 hsum8_ordered(const __m256* a) {
+    __m128 t[8];
+    for (int i = 0; i < 8; i++) t[i] = _mm_add_ps(_mm256_castps256_ps128(a[i]), _mm256_extractf128_ps(a[i], 1));
+    const __m256 t01 = _mm256_set_m128(t[1], t[0]), t23 = _mm256_set_m128(t[3], t[2]);
+    const __m256 t45 = _mm256_set_m128(t[5], t[4]), t67 = _mm256_set_m128(t[7], t[6]);
+    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(t01, t23), _mm256_hadd_ps(t45, t67));  // lanes 0 2 4 6 | 1 3 5 7
+    return _mm256_permutevar8x32_ps(u, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
 
 // ---------------------------------------------------------------------------------------------- thread team
 // Which wait is faster depends on the machine's load and on where the scheduler puts our threads: on the
@@ -290,29 +301,110 @@ DEFINE_Q4A(1) DEFINE_Q4A(2) DEFINE_Q4A(3) DEFINE_Q4A(4)
 
 // Any M: one parallel region; each thread takes a range of weight rows and runs the activation rows over
 // it in chunks of 4 (each chunk sharing one unpack). K % 64 == 0. `rows` is the width's row kernels for 1-4
-// activation rows (Q4_ROWS, Q8_ROWS below): the int4 and int8 weights share everything else.
+// activation rows (Q4_ROWS, Q8_ROWS below): the int4 and int8 weights share everything else. A step of more
+// than 4 rows (a prefill chunk) takes the width's panel kernel instead (below).
 typedef void (*qrows_fn)(const int16_t* xq, const float* xs, int K, int N, const void* w, const float* s,
                          const int16_t* z, float* y, int r0, int r1);
-typedef struct { const qrows_fn* rows; const int16_t* xq; const float* xs; int M, K, N; const void* w; const float* s;
-                 const int16_t* z; float* y; } qi_job;
+typedef void (*qpanel_fn)(const int16_t* xq, const float* xs, int M, int K, int N, const void* w, const float* s,
+                          const int16_t* z, float* y, int r0, int r1);
+typedef struct { const qrows_fn* rows; qpanel_fn panel; const int16_t* xq; const float* xs; int M, K, N; const void* w;
+                 const float* s; const int16_t* z; float* y; } qi_job;
 
-static void qi_region(void* p, int tid, int nth) {
-    const qi_job* j = (const qi_job*)p; const int M = j->M, K = j->K, N = j->N, G = K / 64;
-    SPLIT_ROWS
-    for (int m0 = 0; m0 < M; m0 += 4) {
-        const int mm = M - m0 < 4 ? M - m0 : 4;
-        j->rows[mm - 1](j->xq + (size_t)m0 * K, j->xs + (size_t)m0 * G, K, N, j->w, j->s, j->z, j->y + (size_t)m0 * N, r0, r1);
+static void qi_rows(const qi_job* j, int r0, int r1) {
+    const int G = j->K / 64;
+    for (int m0 = 0; m0 < j->M; m0 += 4) {
+        const int mm = j->M - m0 < 4 ? j->M - m0 : 4;
+        j->rows[mm - 1](j->xq + (size_t)m0 * j->K, j->xs + (size_t)m0 * G, j->K, j->N, j->w, j->s, j->z,
+                        j->y + (size_t)m0 * j->N, r0, r1);
     }
 }
 
+#define PANEL 8  // weight rows a panel kernel unpacks at once (one output vector per activation row)
+
+static void qi_region(void* p, int tid, int nth) {
+    const qi_job* j = (const qi_job*)p; const int N = j->N;
+    if (j->M <= 4) { SPLIT_ROWS qi_rows(j, r0, r1); return; }
+    const int blocks = N / PANEL;  // whole panels split across the team; the rows after them on the last thread
+    const int r0 = (int)((long)blocks * tid / nth) * PANEL, r1 = (int)((long)blocks * (tid + 1) / nth) * PANEL;
+    if (r1 > r0) j->panel(j->xq, j->xs, j->M, j->K, N, j->w, j->s, j->z, j->y, r0, r1);
+    if (tid == nth - 1 && blocks * PANEL < N) qi_rows(j, blocks * PANEL, N);
+}
+
+// Prefill panels: PANEL weight rows unpacked once to int16 q - z (the row kernels' own vectors) into a buffer that
+// stays in L1, then every activation row of the step runs over them with its 64-group held in registers. Per row and
+// group that is the row kernels' multiply-adds alone (4 vpmaddwd, the group's adds, a convert and an FMA), without
+// their unpack (11 ops per group, shared by at most 4 rows). Each output is the same sum in the same order as the
+// row kernels' (the same group sums, the same FMA per lane, hsum's order): bitwise the same results, so a prompt's
+// hidden states do not depend on the chunk that carried it. While a panel computes, the next one's packed weights are
+// prefetched into L2 (the unpack had waited on them). 1.0-1.24x the row kernels' multiply-adds per second at 16 rows
+// on the 2-core Intel VM, 8-11 % faster prefill (BENCHMARKS.md, "Prefill panels").
+#define DEFINE_PANEL(NAME, UNPACK, GROUP, ROW_BYTES)                                                         \
+static void NAME(const int16_t* xq, const float* xs, int M, int K, int N, const void* w, const float* s,     \
+                 const int16_t* z, float* y, int r0, int r1) {                                               \
+    const int G = K / 64; const size_t rb = (size_t)(ROW_BYTES);                                             \
+    int16_t* wq = (int16_t*)_mm_malloc((size_t)PANEL * K * sizeof(int16_t), 32);                             \
+    float* sx = (float*)_mm_malloc((size_t)M * G * PANEL * sizeof(float), 32);  /* [M][G][PANEL] */          \
+    for (int n = r0; n < r1; n += PANEL) {                                                                   \
+        if (n + PANEL < r1) /* the next panel's weights into L2 while this one computes */                   \
+            for (size_t b = 0; b < PANEL * rb; b += 64) _mm_prefetch((const char*)w + (n + PANEL) * rb + b, _MM_HINT_T1); \
+        for (int r = 0; r < PANEL; r++) UNPACK(w, z, K, n + r, wq + (size_t)r * K);                          \
+        for (int g = 0; g < G; g++) {  /* sx = s[n + r, g] * xs[m, g], as the row kernels form it */        \
+            float sg[PANEL] __attribute__((aligned(32)));                                                    \
+            for (int r = 0; r < PANEL; r++) sg[r] = s[(size_t)(n + r) * G + g];                              \
+            for (int m = 0; m < M; m++)                                                                      \
+                _mm256_store_ps(sx + ((size_t)m * G + g) * PANEL, _mm256_mul_ps(_mm256_load_ps(sg), _mm256_set1_ps(xs[(size_t)m * G + g]))); \
+        }                                                                                                    \
+        for (int m = 0; m < M; m++) {                                                                        \
+            const int16_t* xm = xq + (size_t)m * K; const float* sxm = sx + (size_t)m * G * PANEL;           \
+            __m256 acc[PANEL];                                                                               \
+            for (int r = 0; r < PANEL; r++) acc[r] = _mm256_setzero_ps();                                    \
+            for (int g = 0; g < G; g++) {                                                                    \
+                const __m256i* xg = (const __m256i*)(xm + g * 64);                                           \
+                const __m256i x0 = _mm256_loadu_si256(xg), x1 = _mm256_loadu_si256(xg + 1);                  \
+                const __m256i x2 = _mm256_loadu_si256(xg + 2), x3 = _mm256_loadu_si256(xg + 3);              \
+                for (int r = 0; r < PANEL; r++) {                                                            \
+                    const __m256i* u = (const __m256i*)(wq + (size_t)r * K + g * 64);                        \
+                    acc[r] = _mm256_fmadd_ps(GROUP(u, x0, x1, x2, x3), _mm256_broadcast_ss(sxm + g * PANEL + r), acc[r]); \
+                }                                                                                            \
+            }                                                                                                \
+            _mm256_storeu_ps(y + (size_t)m * N + n, hsum8_ordered(acc));                                     \
+        }                                                                                                    \
+    }                                                                                                        \
+    _mm_free(wq); _mm_free(sx);                                                                              \
+}
+
+// Row n of the int4 layout as int16 q - z, in k order (the vectors q4a_rows computes per group).
+static void q4_unpack(const void* wv, const int16_t* z, int K, int n, int16_t* out) {
+    const int G = K / 64; const __m256i mask = _mm256_set1_epi16(15);
+    const uint16_t* wn = (const uint16_t*)wv + (size_t)n * G * 16; const int16_t* zn = z + (size_t)n * G;
+    for (int g = 0; g < G; g++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i*)(wn + g * 16)), zz = _mm256_set1_epi16(zn[g]);
+        __m256i* o = (__m256i*)(out + g * 64);
+        _mm256_store_si256(o, _mm256_sub_epi16(_mm256_and_si256(v, mask), zz));
+        _mm256_store_si256(o + 1, _mm256_sub_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask), zz));
+        _mm256_store_si256(o + 2, _mm256_sub_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 8), mask), zz));
+        _mm256_store_si256(o + 3, _mm256_sub_epi16(_mm256_srli_epi16(v, 12), zz));
+    }
+}
+
+// A group's sum as q4a_rows forms it: the four vpmaddwd added in int32 (exact), then one convert.
+static inline __m256 q4_group(const __m256i* u, __m256i x0, __m256i x1, __m256i x2, __m256i x3) {
+    __m256i p = _mm256_madd_epi16(_mm256_load_si256(u), x0);
+    p = _mm256_add_epi32(p, _mm256_madd_epi16(_mm256_load_si256(u + 1), x1));
+    p = _mm256_add_epi32(p, _mm256_madd_epi16(_mm256_load_si256(u + 2), x2));
+    p = _mm256_add_epi32(p, _mm256_madd_epi16(_mm256_load_si256(u + 3), x3));
+    return _mm256_cvtepi32_ps(p);
+}
+DEFINE_PANEL(q4_panel, q4_unpack, q4_group, K / 2)
+
 // y [M, N] from x [M, K]: the activations quantized per 64-group, then the width's row kernels over the team.
-static void qi_gemm(const qrows_fn* rows, const float* x, int M, int K, int N, const void* w, const float* s,
+static void qi_gemm(const qrows_fn* rows, qpanel_fn panel, const float* x, int M, int K, int N, const void* w, const float* s,
                     const int16_t* z, float* y, void* team) {
     const int G = K / 64;
     int16_t* xq = (int16_t*)_mm_malloc((size_t)M * K * sizeof(int16_t), 32);
     float* xs = (float*)_mm_malloc((size_t)M * G * sizeof(float), 32);
     quantize_rows(x, M, K, xq, xs);
-    qi_job j = {rows, xq, xs, M, K, N, w, s, z, y};
+    qi_job j = {rows, panel, xq, xs, M, K, N, w, s, z, y};
     team_run((team_t*)team, qi_region, &j);
     _mm_free(xq); _mm_free(xs);
 }
@@ -320,7 +412,7 @@ static void qi_gemm(const qrows_fn* rows, const float* x, int M, int K, int N, c
 static const qrows_fn Q4_ROWS[4] = {q4a_rows_1, q4a_rows_2, q4a_rows_3, q4a_rows_4};
 
 void q4i_gemm(const float* x, int M, int K, int N, const uint16_t* w, const float* s, const int16_t* z, float* y, void* team) {
-    qi_gemm(Q4_ROWS, x, M, K, N, w, s, z, y, team);
+    qi_gemm(Q4_ROWS, q4_panel, x, M, K, N, w, s, z, y, team);
 }
 
 // ---------------------------------------------------------------------------------------------- int8 weights
@@ -363,8 +455,29 @@ DEFINE_Q8W(1) DEFINE_Q8W(2) DEFINE_Q8W(3) DEFINE_Q8W(4)
 
 static const qrows_fn Q8_ROWS[4] = {q8w_rows_1, q8w_rows_2, q8w_rows_3, q8w_rows_4};
 
+// Row n of the int8 layout as int16 w - z, in k order (q8w_rows' vectors).
+static void q8_unpack(const void* wv, const int16_t* z, int K, int n, int16_t* out) {
+    const int G = K / 64; const int8_t* wn = (const int8_t*)wv + (size_t)n * K; const int16_t* zn = z + (size_t)n * G;
+    for (int g = 0; g < G; g++) {
+        const __m256i zz = _mm256_set1_epi16(zn[g]);
+        for (int i = 0; i < 4; i++)
+            _mm256_store_si256((__m256i*)(out + g * 64 + i * 16),
+                               _mm256_sub_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(wn + g * 64 + i * 16))), zz));
+    }
+}
+
+// A group's sum as q8w_rows forms it: each vpmaddwd converted (exact), added in fp32 in pairs.
+static inline __m256 q8_group(const __m256i* u, __m256i x0, __m256i x1, __m256i x2, __m256i x3) {
+    const __m256 f = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_load_si256(u), x0)),
+                                   _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_load_si256(u + 1), x1)));
+    return _mm256_add_ps(f, _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_load_si256(u + 2), x2)),
+                                          _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_load_si256(u + 3), x3))));
+}
+DEFINE_PANEL(q8_panel, q8_unpack, q8_group, K)
+
+
 void q8w_gemm(const float* x, int M, int K, int N, const int8_t* w, const float* s, const int16_t* z, float* y, void* team) {
-    qi_gemm(Q8_ROWS, x, M, K, N, w, s, z, y, team);
+    qi_gemm(Q8_ROWS, q8_panel, x, M, K, N, w, s, z, y, team);
 }
 
 // ---------------------------------------------------------------------------------------------- fp32

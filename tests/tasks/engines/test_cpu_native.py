@@ -174,27 +174,38 @@ def _int16_groups(x: np.ndarray) -> np.ndarray:
     return (q * (amax / np.float32(32767)).astype(np.float64)).reshape(x.shape)
 
 
-def test_int4_kernel_matches_dequantized_weights(checkpoints, sessions) -> None:
-    """q4i_gemm on the engine's layout is x @ W^T with the checkpoint's dequantized W, for M = 1..9:
-    exactly (to fp32 summation) with the int16-rounded activations, and within the rounding's own bound
-    (half a step of each 64-group, times |W|) with the fp32 ones."""
-    session = sessions["asym"]
-    w = _hf(checkpoints["asym"]).model.layers[0].mlp.down_proj.weight.detach().double().numpy()  # [256, 512]
+@pytest.mark.parametrize("variant,kernel", [("asym", "q4i_gemm"), ("w8_asym_g128", "q8w_gemm")])
+def test_int_kernels_match_dequantized_weights_whatever_the_batch(variant: str, kernel: str, checkpoints, sessions) -> None:
+    """q4i_gemm (int4) and q8w_gemm (int8) on the engine's layout are x @ W^T with the checkpoint's dequantized W,
+    for M = 1..17 (the row kernels up to 4 rows, the prefill panels above): exactly (to fp32 summation) with the
+    int16-rounded activations, and within the rounding's own bound (half a step of each 64-group, times |W|) with
+    the fp32 ones. Each row's result is bitwise the same as that row alone, for the layer's 256 outputs and for
+    the first 252 and 13 of them (panels of 8 split across the team, and the rows after the last panel), so a
+    prompt's hidden states do not depend on the prefill chunk that carried it."""
+    session = sessions[variant]
+    w = _hf(checkpoints[variant]).model.layers[0].mlp.down_proj.weight.detach().double().numpy()  # [256, 512]
     t = session.tensors
+    gemm = getattr(session.lib, kernel)
     rng = np.random.default_rng(0)
-    for m in range(1, 10):
-        x = rng.standard_normal((m, 512)).astype(np.float32)
-        x[:, 7] *= 50  # an outlier costs only its own group's precision
-        y = np.empty((m, 256), np.float32)
-        session.lib.q4i_gemm(x.ctypes.data, m, 512, 256, t["layers.0.dn.w"].ctypes.data, t["layers.0.dn.s"].ctypes.data,
-                             t["layers.0.dn.z"].ctypes.data, y.ctypes.data, session.team)
-        exact = _int16_groups(x) @ w.T
-        assert np.abs(y - exact).max() <= 1e-6 * np.abs(exact).max(), m
-        ref = x.astype(np.float64) @ w.T
-        half_step = np.repeat(np.abs(x.reshape(m, -1, 64)).max(-1) / 32767 / 2, 64, axis=1)  # [m, 512]
-        bound = half_step @ np.abs(w).T + 1e-6 * np.abs(ref).max()
-        assert (np.abs(y - ref) <= bound).all(), m
-        assert np.abs(y - ref).max() > 1e-7 * np.abs(ref).max()  # the activations really are int16 here
+    x = rng.standard_normal((17, 512)).astype(np.float32)
+    x[:, 7] *= 50  # an outlier costs only its own group's precision
+    for n in (256, 252, 13):  # the first n weight rows of the layer: its layout is row-major
+        alone = np.full((17, n), np.nan, np.float32)
+        for i in range(17):
+            gemm(x[i:i + 1].ctypes.data, 1, 512, n, t["layers.0.dn.w"].ctypes.data, t["layers.0.dn.s"].ctypes.data,
+                 t["layers.0.dn.z"].ctypes.data, alone[i:i + 1].ctypes.data, session.team)
+        for m in range(1, 18):
+            y = np.full((m, n), np.nan, np.float32)
+            gemm(x.ctypes.data, m, 512, n, t["layers.0.dn.w"].ctypes.data, t["layers.0.dn.s"].ctypes.data,
+                 t["layers.0.dn.z"].ctypes.data, y.ctypes.data, session.team)
+            assert np.array_equal(y, alone[:m]), (n, m)  # every output written (no NaN), as the row alone
+        exact = _int16_groups(x) @ w[:n].T
+        assert np.abs(alone - exact).max() <= 1e-6 * np.abs(exact).max(), n
+        ref = x.astype(np.float64) @ w[:n].T
+        half_step = np.repeat(np.abs(x.reshape(17, -1, 64)).max(-1) / 32767 / 2, 64, axis=1)  # [17, 512]
+        bound = half_step @ np.abs(w[:n]).T + 1e-6 * np.abs(ref).max()
+        assert (np.abs(alone - ref) <= bound).all(), n
+        assert np.abs(alone - ref).max() > 1e-7 * np.abs(ref).max()  # the activations really are int16 here
 
 
 def test_fp32_kernel_is_x_times_w_for_every_shape_and_the_same_whatever_the_batch(sessions) -> None:
