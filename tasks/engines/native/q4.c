@@ -1091,89 +1091,154 @@ static void rope(float* v, int nh, int hd, const float* cs, const float* sn) {  
 #define STEP_ROWS 16
 int llama_step_rows(void) { return STEP_ROWS; }
 
+// Heads of one KV group that a prefill chunk's attention runs together (ATT_Q below).
+#define ATT_Q 3
+
 // Scratch floats needed by llama_step (for nt threads); Q = heads * head_dim (not always the hidden width).
 long llama_scratch_floats(int Hd, int H, int KV, int hd, int I, int maxlen, int nt) {
-    return (long)STEP_ROWS * (3L * Hd + (long)H * hd + (long)(H + 2 * KV) * hd + 3L * I) + (long)nt * maxlen + 64;
+    return (long)STEP_ROWS * (3L * Hd + (long)H * hd + (long)(H + 2 * KV) * hd + 3L * I) + (long)nt * ATT_Q * maxlen + 64;
 }
 
-// GQA attention of every (row, head) pair over its slot's KV cache (one layer); pairs split across the team.
+// GQA attention of every (row, head) pair over its slot's KV cache (one layer), split across the team.
 typedef struct { int M, H, KV, hd, Q, NQKV, maxlen, window; const int* pos; const int* slot; const float* qkv;
                  const float* kc; const float* vc; size_t cstride_s, cstride_h; float scale, softcap; float* sc; float* att; } attn_job;
 
-static void attention_region(void* arg, int tid, int nth) {
-    const attn_job* j = (const attn_job*)arg;
-    const int H = j->H, KV = j->KV, hd = j->hd, n = j->M * H;
-    const int i0 = (int)((long)n * tid / nth), i1 = (int)((long)n * (tid + 1) / nth);
-    float* p_ = j->sc + (size_t)tid * j->maxlen; const float scale = j->scale, cap = j->softcap;
-    for (int i = i0; i < i1; i++) {
-        const int m = i / H, hh = i % H;
-        const float* q = j->qkv + (size_t)m * j->NQKV + hh * hd; int g = hh / (H / KV);
-        const int t0 = j->window > 0 && j->pos[m] + 1 > j->window ? j->pos[m] + 1 - j->window : 0;
-        const int T = j->pos[m] + 1 - t0;  // keys t0 .. pos: a sliding layer sees the last `window`, itself included
-        const float* K_ = j->kc + j->slot[m] * j->cstride_s + g * j->cstride_h + (size_t)t0 * hd;
-        const float* V_ = j->vc + j->slot[m] * j->cstride_s + g * j->cstride_h + (size_t)t0 * hd;
-        float* p = p_; float mx = -INFINITY; int t = 0;
-        {   // scores 8 keys at a time: 8 dot products in 8 accumulators, reduced together (no per-key hsum)
-            __m256 vmx = _mm256_set1_ps(-INFINITY); const __m256 vsc = _mm256_set1_ps(scale);
-            for (; t + 8 <= T; t += 8) {
-                const float* kb = K_ + (size_t)t * hd;
-                __m256 acc[8];
-                for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
-                for (int c = 0; c < hd; c += 8) {
-                    const __m256 qc = _mm256_loadu_ps(q + c);
-                    for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kb + (size_t)j * hd + c), acc[j]);
+// The 4 sums of a[0..3] in hsum8's order for those lanes (so a key's score does not depend on the block size).
+static inline __m128 hsum4_as8(const __m256* a) {
+    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+}
+
+static inline float softcapped(float a, float cap) { return cap > 0 ? cap * tanhf(a / cap) : a; }  // Gemma 2's, before the softmax
+
+// Scores of NQ queries (heads of one KV group, one row) against keys K_[0..T): p[a][t] = softcap(q_a . k_t * scale), and
+// each query's maximum. Keys 8 at a time (two halves of 4 against all NQ queries, so each key row is read from L2 once
+// for NQ heads), each key's dot product in 8 lanes reduced in hsum8's order; the keys after the last 8 by dot_hd.
+// Every score is the same sum in the same order whatever NQ: the one-head decode path and the chunk's path agree bitwise.
+static inline __attribute__((always_inline)) void att_scores(const float* const* q, int NQ, const float* K_, int T, int hd,
+                                                             float scale, float cap, float* const* p, float* mx) {
+    const __m128 vsc = _mm_set1_ps(scale); __m128 vmx[ATT_Q];
+    for (int a = 0; a < NQ; a++) vmx[a] = _mm_set1_ps(-INFINITY);
+    int t = 0;
+    for (; t + 8 <= T; t += 8) {
+        for (int half = 0; half < 8; half += 4) {
+            const float* kb = K_ + (size_t)(t + half) * hd;
+            __m256 acc[ATT_Q][4];
+            for (int a = 0; a < NQ; a++) for (int i = 0; i < 4; i++) acc[a][i] = _mm256_setzero_ps();
+            for (int c = 0; c < hd; c += 8)
+                for (int a = 0; a < NQ; a++) {
+                    const __m256 qc = _mm256_loadu_ps(q[a] + c);
+                    for (int i = 0; i < 4; i++) acc[a][i] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kb + (size_t)i * hd + c), acc[a][i]);
                 }
-                __m256 sv = _mm256_mul_ps(hsum8(acc), vsc);
-                _mm256_storeu_ps(p + t, sv);
-                if (cap > 0) {  // Gemma 2's attention softcap, before the softmax
-                    for (int j = 0; j < 8; j++) p[t + j] = cap * tanhf(p[t + j] / cap);
-                    sv = _mm256_loadu_ps(p + t);
+            for (int a = 0; a < NQ; a++) {
+                __m128 sv = _mm_mul_ps(hsum4_as8(acc[a]), vsc);
+                _mm_storeu_ps(p[a] + t + half, sv);
+                if (cap > 0) {
+                    for (int i = 0; i < 4; i++) p[a][t + half + i] = softcapped(p[a][t + half + i], cap);
+                    sv = _mm_loadu_ps(p[a] + t + half);
                 }
-                vmx = _mm256_max_ps(vmx, sv);
+                vmx[a] = _mm_max_ps(vmx[a], sv);
             }
-            float mv[8]; _mm256_storeu_ps(mv, vmx); for (int j = 0; j < 8; j++) if (mv[j] > mx) mx = mv[j];
         }
-        for (; t < T; t++) {
-            float a = dot_hd(q, K_ + (size_t)t * hd, hd) * scale;
-            if (cap > 0) a = cap * tanhf(a / cap);
-            p[t] = a; if (a > mx) mx = a;
+    }
+    for (int a = 0; a < NQ; a++) {
+        float mv[4]; _mm_storeu_ps(mv, vmx[a]); mx[a] = -INFINITY;
+        for (int i = 0; i < 4; i++) if (mv[i] > mx[a]) mx[a] = mv[i];
+        for (int u = t; u < T; u++) {
+            const float s_ = softcapped(dot_hd(q[a], K_ + (size_t)u * hd, hd) * scale, cap);
+            p[a][u] = s_; if (s_ > mx[a]) mx[a] = s_;
         }
-        t = 0; __m256 vs = _mm256_setzero_ps(); const __m256 vm = _mm256_set1_ps(mx);
-        for (; t + 8 <= T; t += 8) {
-            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), vm));
-            _mm256_storeu_ps(p + t, e); vs = _mm256_add_ps(vs, e);
-        }
-        float sum = hsum(vs); for (; t < T; t++) { p[t] = expf(p[t] - mx); sum += p[t]; }
-        float* o = j->att + (size_t)m * j->Q + hh * hd; const float inv = 1.0f / sum;
-        int d0 = 0;
-        for (; d0 + 64 <= hd; d0 += 64) {  // 64 output dims in 8 accumulators: each V row and weight read once per 64
-            __m256 acc[8]; const float* vv = V_ + d0;
-            for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
-            for (int u = 0; u < T; u++) {
-                const __m256 w0 = _mm256_set1_ps(p[u]); const float* vr = vv + (size_t)u * hd;
-                for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(vr + 8 * i), acc[i]);
+    }
+}
+
+// p[t] = exp(p[t] - mx) in place; returns their sum (8 lanes, then hsum, then the tail in order).
+static inline float att_exp(float* p, int T, float mx) {
+    int t = 0; __m256 vs = _mm256_setzero_ps(); const __m256 vm = _mm256_set1_ps(mx);
+    for (; t + 8 <= T; t += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), vm));
+        _mm256_storeu_ps(p + t, e); vs = _mm256_add_ps(vs, e);
+    }
+    float sum = hsum(vs); for (; t < T; t++) { p[t] = expf(p[t] - mx); sum += p[t]; }
+    return sum;
+}
+
+// o_a = sum_t p[a][t] V_t * inv[a] for NQ queries over the same V rows. The dims up to the last multiple of 64, 32 at a
+// time (NQ x 4 accumulators, each V row read once for NQ heads), each dim summed over t in order; the rest in 16s with
+// two position streams, one query at a time. The same sums in the same order whatever NQ.
+static inline __attribute__((always_inline)) void att_values(const float* const* p, int NQ, const float* V_, int T, int hd,
+                                                             const float* inv, float* const* o) {
+    const int dblk = hd / 64 * 64;  // the dims the one-head path took 64 at a time: the same sums, 32 at a time here
+    for (int d0 = 0; d0 < dblk; d0 += 32) {
+        __m256 acc[ATT_Q][4]; const float* vv = V_ + d0;
+        for (int a = 0; a < NQ; a++) for (int i = 0; i < 4; i++) acc[a][i] = _mm256_setzero_ps();
+        for (int u = 0; u < T; u++) {
+            const float* vr = vv + (size_t)u * hd;
+            for (int a = 0; a < NQ; a++) {
+                const __m256 w0 = _mm256_set1_ps(p[a][u]);
+                for (int i = 0; i < 4; i++) acc[a][i] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(vr + 8 * i), acc[a][i]);
             }
-            const __m256 vi = _mm256_set1_ps(inv);
-            for (int i = 0; i < 8; i++) _mm256_storeu_ps(o + d0 + 8 * i, _mm256_mul_ps(acc[i], vi));
         }
-        for (; d0 < hd; d0 += 16) {  // 16 output dims in registers, two position streams for ILP
+        for (int a = 0; a < NQ; a++) {
+            const __m256 vi = _mm256_set1_ps(inv[a]);
+            for (int i = 0; i < 4; i++) _mm256_storeu_ps(o[a] + d0 + 8 * i, _mm256_mul_ps(acc[a][i], vi));
+        }
+    }
+    for (int a = 0; a < NQ; a++)
+        for (int d = dblk; d < hd; d += 16) {  // 16 output dims in registers, two position streams for ILP
             __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
-            const float* vv = V_ + d0; int u = 0;
+            const float* vv = V_ + d; const float* pa = p[a]; int u = 0;
             for (; u + 2 <= T; u += 2) {
-                const __m256 w0 = _mm256_set1_ps(p[u]), w1 = _mm256_set1_ps(p[u + 1]);
+                const __m256 w0 = _mm256_set1_ps(pa[u]), w1 = _mm256_set1_ps(pa[u + 1]);
                 a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(vv + (size_t)u * hd), a0);
                 a1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(vv + (size_t)u * hd + 8), a1);
                 b0 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(vv + (size_t)(u + 1) * hd), b0);
                 b1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(vv + (size_t)(u + 1) * hd + 8), b1);
             }
             if (u < T) {
-                const __m256 w0 = _mm256_set1_ps(p[u]);
+                const __m256 w0 = _mm256_set1_ps(pa[u]);
                 a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(vv + (size_t)u * hd), a0);
                 a1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(vv + (size_t)u * hd + 8), a1);
             }
-            const __m256 vi = _mm256_set1_ps(inv);
-            _mm256_storeu_ps(o + d0, _mm256_mul_ps(_mm256_add_ps(a0, b0), vi));
-            _mm256_storeu_ps(o + d0 + 8, _mm256_mul_ps(_mm256_add_ps(a1, b1), vi));
+            const __m256 vi = _mm256_set1_ps(inv[a]);
+            _mm256_storeu_ps(o[a] + d, _mm256_mul_ps(_mm256_add_ps(a0, b0), vi));
+            _mm256_storeu_ps(o[a] + d + 8, _mm256_mul_ps(_mm256_add_ps(a1, b1), vi));
+        }
+}
+
+// Row m's heads h0 .. h0 + NQ - 1 (one KV group) over their keys; p_: NQ * maxlen scratch floats.
+static inline __attribute__((always_inline)) void attend(const attn_job* j, int m, int h0, int NQ, float* p_) {
+    const int hd = j->hd, g = h0 / (j->H / j->KV);
+    const int t0 = j->window > 0 && j->pos[m] + 1 > j->window ? j->pos[m] + 1 - j->window : 0;
+    const int T = j->pos[m] + 1 - t0;  // keys t0 .. pos: a sliding layer sees the last `window`, itself included
+    const float* K_ = j->kc + j->slot[m] * j->cstride_s + g * j->cstride_h + (size_t)t0 * hd;
+    const float* V_ = j->vc + j->slot[m] * j->cstride_s + g * j->cstride_h + (size_t)t0 * hd;
+    const float* q[ATT_Q]; float* p[ATT_Q]; float* o[ATT_Q]; float mx[ATT_Q], inv[ATT_Q];
+    for (int a = 0; a < NQ; a++) {
+        q[a] = j->qkv + (size_t)m * j->NQKV + (h0 + a) * hd; p[a] = p_ + (size_t)a * j->maxlen;
+        o[a] = j->att + (size_t)m * j->Q + (h0 + a) * hd;
+    }
+    att_scores(q, NQ, K_, T, hd, j->scale, j->softcap, p, mx);
+    for (int a = 0; a < NQ; a++) inv[a] = 1.0f / att_exp(p[a], T, mx[a]);
+    att_values((const float* const*)p, NQ, V_, T, hd, inv, o);
+}
+
+// A decode step (up to 4 rows) splits its (row, head) pairs across the team; a prefill chunk splits (row, KV group)
+// units and runs each group's heads ATT_Q at a time, so that every key and value row read from L2 serves ATT_Q heads.
+static void attention_region(void* arg, int tid, int nth) {
+    const attn_job* j = (const attn_job*)arg;
+    const int H = j->H, KV = j->KV, per = H / KV;
+    float* p_ = j->sc + (size_t)tid * ATT_Q * j->maxlen;
+    if (j->M <= 4) {
+        const int n = j->M * H, i0 = (int)((long)n * tid / nth), i1 = (int)((long)n * (tid + 1) / nth);
+        for (int i = i0; i < i1; i++) attend(j, i / H, i % H, 1, p_);
+        return;
+    }
+    const int n = j->M * KV, i0 = (int)((long)n * tid / nth), i1 = (int)((long)n * (tid + 1) / nth);
+    for (int i = i0; i < i1; i++) {
+        const int m = i / KV, h1 = (i % KV + 1) * per;
+        for (int h = (i % KV) * per; h < h1; h += ATT_Q) {
+            const int nq = h1 - h < ATT_Q ? h1 - h : ATT_Q;
+            if (nq == 3) attend(j, m, h, 3, p_); else if (nq == 2) attend(j, m, h, 2, p_); else attend(j, m, h, 1, p_);
         }
     }
 }

@@ -297,6 +297,32 @@ def test_prompts_prefilled_together_equal_one_at_a_time(sessions) -> None:
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(6, 2, 64), (4, 4, 64), (8, 2, 96)])
+def test_prefill_chunks_equal_token_by_token_decoding(heads: int, kv_heads: int, head_dim: int, tmp_path: Path) -> None:
+    """A prompt prefilled in chunks (16 + 16 + 3 rows: prefill attention runs 1-3 heads of a KV group together, a
+    chunk of 4 rows or fewer runs them one by one) gives bitwise the hidden states of the same prompt fed one token
+    at a time, for 3, 1 and 4 (3 + 1) query heads per KV head and a head width with dims after the last 64; and the
+    logits are the Hugging Face model's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=heads * head_dim, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                      max_position_embeddings=64, tie_word_embeddings=True, initializer_range=0.08)
+    model = LlamaForCausalLM(cfg)
+    model.save_pretrained(tmp_path / "dense")
+    cpu_native.build(tmp_path / "dense", tmp_path / "engine", {})
+    session = cpu_native.load(tmp_path / "engine")
+    ids = torch.randint(3, VOCAB, (2 * cpu_native.STEP_ROWS + 3,), generator=torch.Generator().manual_seed(2)).tolist()
+    chunked = cpu_native._Decoder(session, 1, 64).prefill(ids, 0)
+    one = cpu_native._Decoder(session, 1, 64)
+    stepped = np.concatenate([one.step([t], [i], [0]) for i, t in enumerate(ids)])
+    assert np.array_equal(chunked, stepped)
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(cpu_native.score(session, ids) - ref).max() < 1e-3
+
+
 def test_generate_stops_and_limits(sessions) -> None:
     session = sessions["asym"]
     ids = _prompts()[0]
