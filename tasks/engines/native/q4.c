@@ -1112,14 +1112,34 @@ static inline __m128 hsum4_as8(const __m256* a) {
 static inline float softcapped(float a, float cap) { return cap > 0 ? cap * tanhf(a / cap) : a; }  // Gemma 2's, before the softmax
 
 // Scores of NQ queries (heads of one KV group, one row) against keys K_[0..T): p[a][t] = softcap(q_a . k_t * scale), and
-// each query's maximum. Keys 8 at a time (two halves of 4 against all NQ queries, so each key row is read from L2 once
-// for NQ heads), each key's dot product in 8 lanes reduced in hsum8's order; the keys after the last 8 by dot_hd.
+// each query's maximum. Keys 8 at a time (for several heads, two halves of 4 against all NQ queries, so each key row is
+// read from L2 once for NQ heads), each key's dot product in 8 lanes reduced in hsum8's order; the keys after the last 8 by dot_hd.
 // Every score is the same sum in the same order whatever NQ: the one-head decode path and the chunk's path agree bitwise.
 static inline __attribute__((always_inline)) void att_scores(const float* const* q, int NQ, const float* K_, int T, int hd,
                                                              float scale, float cap, float* const* p, float* mx) {
     const __m128 vsc = _mm_set1_ps(scale); __m128 vmx[ATT_Q];
     for (int a = 0; a < NQ; a++) vmx[a] = _mm_set1_ps(-INFINITY);
     int t = 0;
+    if (NQ == 1) {  // one head (a decode step): 8 keys at a time, 8 independent FMA chains
+        __m256 vm8 = _mm256_set1_ps(-INFINITY);
+        for (; t + 8 <= T; t += 8) {
+            const float* kb = K_ + (size_t)t * hd;
+            __m256 acc[8];
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+            for (int c = 0; c < hd; c += 8) {
+                const __m256 qc = _mm256_loadu_ps(q[0] + c);
+                for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kb + (size_t)i * hd + c), acc[i]);
+            }
+            __m256 sv = _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale));
+            _mm256_storeu_ps(p[0] + t, sv);
+            if (cap > 0) {
+                for (int i = 0; i < 8; i++) p[0][t + i] = softcapped(p[0][t + i], cap);
+                sv = _mm256_loadu_ps(p[0] + t);
+            }
+            vm8 = _mm256_max_ps(vm8, sv);
+        }
+        vmx[0] = _mm_max_ps(_mm256_castps256_ps128(vm8), _mm256_extractf128_ps(vm8, 1));
+    }
     for (; t + 8 <= T; t += 8) {
         for (int half = 0; half < 8; half += 4) {
             const float* kb = K_ + (size_t)(t + half) * hd;
@@ -1162,25 +1182,25 @@ static inline float att_exp(float* p, int T, float mx) {
     return sum;
 }
 
-// o_a = sum_t p[a][t] V_t * inv[a] for NQ queries over the same V rows. The dims up to the last multiple of 64, 32 at a
-// time (NQ x 4 accumulators, each V row read once for NQ heads), each dim summed over t in order; the rest in 16s with
+// o_a = sum_t p[a][t] V_t * inv[a] for NQ queries over the same V rows. The dims up to the last multiple of 64, 64 at a
+// time for one head, 32 for several (NQ x 4 accumulators, each V row read once for NQ heads), each dim summed over t in order; the rest in 16s with
 // two position streams, one query at a time. The same sums in the same order whatever NQ.
 static inline __attribute__((always_inline)) void att_values(const float* const* p, int NQ, const float* V_, int T, int hd,
                                                              const float* inv, float* const* o) {
-    const int dblk = hd / 64 * 64;  // the dims the one-head path took 64 at a time: the same sums, 32 at a time here
-    for (int d0 = 0; d0 < dblk; d0 += 32) {
-        __m256 acc[ATT_Q][4]; const float* vv = V_ + d0;
-        for (int a = 0; a < NQ; a++) for (int i = 0; i < 4; i++) acc[a][i] = _mm256_setzero_ps();
+    const int dblk = hd / 64 * 64, W = NQ == 1 ? 8 : 4;  // W vectors (8W dims) per block: 8 FMA chains for one head
+    for (int d0 = 0; d0 < dblk; d0 += 8 * W) {
+        __m256 acc[ATT_Q][8]; const float* vv = V_ + d0;
+        for (int a = 0; a < NQ; a++) for (int i = 0; i < W; i++) acc[a][i] = _mm256_setzero_ps();
         for (int u = 0; u < T; u++) {
             const float* vr = vv + (size_t)u * hd;
             for (int a = 0; a < NQ; a++) {
                 const __m256 w0 = _mm256_set1_ps(p[a][u]);
-                for (int i = 0; i < 4; i++) acc[a][i] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(vr + 8 * i), acc[a][i]);
+                for (int i = 0; i < W; i++) acc[a][i] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(vr + 8 * i), acc[a][i]);
             }
         }
         for (int a = 0; a < NQ; a++) {
             const __m256 vi = _mm256_set1_ps(inv[a]);
-            for (int i = 0; i < 4; i++) _mm256_storeu_ps(o[a] + d0 + 8 * i, _mm256_mul_ps(acc[a][i], vi));
+            for (int i = 0; i < W; i++) _mm256_storeu_ps(o[a] + d0 + 8 * i, _mm256_mul_ps(acc[a][i], vi));
         }
     }
     for (int a = 0; a < NQ; a++)
