@@ -6,7 +6,7 @@ y = x @ W^T for M activation rows (1 and 4: decoding streams; 16: one prefill st
 whole scored sequence) over the demo student's projections: K 576 -> N 1536 (gate/up), K 1536 -> N 576 (down),
 K 576 -> N 576 (q/o). Random fp32 weights for f32_gemm and numpy; random 4-bit weights (group 64) for q4i_gemm and
 8-bit ones for q8w_gemm, whose FLOP counts are the same (above 4 rows both run their prefill panels). The kernels
-run on the engine's own team of threads (all cores); numpy's BLAS on its own. Prints the machine (CPU model, ISA)
+run on the engine's own team of threads (all cores, idle workers spinning as in a session); numpy's BLAS on its own. Prints the machine (CPU model, ISA)
 and one RESULT line per shape.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ def gflops(fn, m: int, k: int, n: int) -> float:
 
 def main() -> None:
     lib = cpu_native._library()
-    team = ctypes.c_void_p(lib.team_create(threads_from_env(), 0))
+    team = ctypes.c_void_p(lib.team_create(threads_from_env(), cpu_native.spin_us_from_env() * 1000))  # as a session
     ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
     rng = np.random.default_rng(0)
     print("machine:", device_fingerprint())
@@ -55,10 +55,12 @@ def main() -> None:
         for m in ROWS:
             x = rng.standard_normal((m, k), dtype=np.float32)
             y = np.empty((m, n), np.float32)
+            time.sleep(0.5)  # numpy's BLAS threads spin after its last product, on the cores our kernels time
             f32 = gflops(lambda: lib.f32_gemm(ptr(x), m, k, n, ptr(w), ptr(y), team), m, k, n)
-            err = float(np.abs(y - x.astype(np.float64) @ w.T.astype(np.float64)).max())
+            y32 = y.copy()
             q4 = gflops(lambda: lib.q4i_gemm(ptr(x), m, k, n, ptr(wq), ptr(sq), ptr(zq), ptr(y), team), m, k, n)
             q8 = gflops(lambda: lib.q8w_gemm(ptr(x), m, k, n, ptr(w8), ptr(s8), ptr(z8), ptr(y), team), m, k, n)
+            err = float(np.abs(y32 - x.astype(np.float64) @ w.T.astype(np.float64)).max())
             blas = gflops(lambda: x @ w.T, m, k, n)
             print(f"RESULT K={k} N={n} M={m}: f32_gemm {f32:.1f} GFLOP/s (max error {err:.1e}), q4i_gemm {q4:.1f}, "
                   f"q8w_gemm {q8:.1f}, numpy {blas:.1f}")
