@@ -30,7 +30,7 @@ tasks/architecture.py describes (Llama 3.x, Mistral, Qwen2/2.5, Qwen3, Gemma 2, 
   rescored or full, is q4.c's head_rows (the greedy head's own sum, on the session's team, never numpy's
   BLAS threads), and the proposal's envelope is q4.c's head_envelope (sampling.Universe).
 * `score` runs the full fp32 head (one SGEMM over all positions).
-* One decoder step carries up to 16 rows: prefill chunks of the prompts that arrived together, or
+* One decoder step carries up to 64 rows: prefill chunks of the prompts that arrived together, or
   one decode row per stream (up to 4 streams); `generate_batch` decodes several prompts together in
   one step per token.
 
@@ -106,7 +106,9 @@ CC_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC")
 REQUIRED_ISA = ("avx2", "fma", "f16c")
 GROUP = 64
 MAX_ROWS = 4  # streams decoded together (one row each per step)
-STEP_ROWS = 16  # rows one llama_step call carries (q4.c's STEP_ROWS): prefill chunks of one or several prompts
+STEP_ROWS = 64  # rows one llama_step call carries (q4.c's STEP_ROWS): prefill chunks of one or several prompts
+# (64 against 16: 9-16 % faster prefill of 128-1,024 tokens, BENCHMARKS.md "Prefill panels"; a prompt's whole prefill
+# runs between two decode steps whatever the chunk, so live streams wait no longer)
 IDLE_EXIT_S = 2.0  # an idle scheduler thread ends after this long (restarted by the next generate)
 FIX = "use engine.backend: cpu (onnxruntime) for this checkpoint or machine"
 SPIN_ENV = "EDGEFLOW_ENGINE_SPIN_US"
@@ -877,7 +879,7 @@ class _Scheduler:
     """In-flight batching for one session: a single thread owns one decoder with MAX_ROWS slots, and
     every step carries one row per live stream, so N concurrent `generate` calls unpack the weights
     once per token instead of N times and never compete for cores (a thread per stream, each with
-    all cores, would oversubscribe them). Streams that arrive are prefilled (together, 16 rows per step)
+    all cores, would oversubscribe them). Streams that arrive are prefilled (together, STEP_ROWS rows per step)
     and join at the next step; one that ends frees its slot for the next in line (FIFO)."""
 
     def __init__(self, session: NativeSession):

@@ -42,7 +42,7 @@
 //    (K/8 + K/16 + 8) unit roundoffs, doubled, and at least 1e-5 (more than either needs).
 //    Every row with a_r + e_r >= max_j (a_j - e_j) is a candidate: the true argmax is always one of them.
 //    Candidates are rescored in fp32 against E; above max_cand candidates one full fp32 pass runs.
-// 4. llama_step: a whole Llama decoder pass for M <= 16 rows (RMSNorm, fused qkv, RoPE, KV write, GQA
+// 4. llama_step: a whole Llama decoder pass for M <= 64 rows (RMSNorm, fused qkv, RoPE, KV write, GQA
 //    attention, o_proj, residual, RMSNorm, fused gate/up, SiLU * up, down, residual, final norm), so a
 //    step has no per-op Python overhead. Row m has its own slot (KV cache) and position; the rows of one slot
 //    are consecutive positions in order (a prefill chunk, or one decode row), and several slots may share a
@@ -1088,7 +1088,7 @@ static void rope(float* v, int nh, int hd, const float* cs, const float* sn) {  
 }
 
 // Rows one llama_step call may carry (a prefill chunk; a decode step has one row per stream).
-#define STEP_ROWS 16
+#define STEP_ROWS 64
 int llama_step_rows(void) { return STEP_ROWS; }
 
 // Heads of one KV group that a prefill chunk's attention runs together (ATT_Q below).

@@ -35,7 +35,7 @@ if not {"avx2", "fma", "f16c"} <= cpu_native._cpu_flags() or shutil.which("cc") 
 
 VOCAB = 998
 NEW_TOKENS = 16
-PROMPT_LENGTHS = (5, 11, 23)  # not multiples of the kernels' 4-row blocks; 23 spans two 16-row prefill steps
+PROMPT_LENGTHS = (5, 11, 23)  # prefills past the row kernels' 4 rows (the panels'), none a multiple of their 8
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -290,8 +290,8 @@ def test_prompts_prefilled_together_equal_one_at_a_time(sessions) -> None:
     several); every prompt's hidden states equal those of its own prefill."""
     session = sessions["asym"]
     prompts = [*_prompts(), list(range(3, 3 + cpu_native.STEP_ROWS + 5))]
-    alone = [cpu_native._Decoder(session, 1, 64).prefill(p, 0) for p in prompts]
-    together = cpu_native._Decoder(session, len(prompts), 64).prefill_many([(p, i) for i, p in enumerate(prompts)])
+    alone = [cpu_native._Decoder(session, 1, 128).prefill(p, 0) for p in prompts]
+    together = cpu_native._Decoder(session, len(prompts), 128).prefill_many([(p, i) for i, p in enumerate(prompts)])
     assert [h.shape for h in together] == [h.shape for h in alone]
     for a, b in zip(alone, together):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
@@ -299,8 +299,8 @@ def test_prompts_prefilled_together_equal_one_at_a_time(sessions) -> None:
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(6, 2, 64), (4, 4, 64), (8, 2, 96)])
 def test_prefill_chunks_equal_token_by_token_decoding(heads: int, kv_heads: int, head_dim: int, tmp_path: Path) -> None:
-    """A prompt prefilled in chunks (16 + 16 + 3 rows: prefill attention runs 1-3 heads of a KV group together, a
-    chunk of 4 rows or fewer runs them one by one) gives bitwise the hidden states of the same prompt fed one token
+    """A prompt prefilled in chunks (STEP_ROWS + STEP_ROWS + 3 rows: prefill attention runs 1-3 heads of a KV group
+    together, a chunk of 4 rows or fewer runs them one by one) gives bitwise the hidden states of the same prompt fed one token
     at a time, for 3, 1 and 4 (3 + 1) query heads per KV head and a head width with dims after the last 64; and the
     logits are the Hugging Face model's."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -308,14 +308,14 @@ def test_prefill_chunks_equal_token_by_token_decoding(heads: int, kv_heads: int,
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=heads * head_dim, intermediate_size=256, num_hidden_layers=2,
                       num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
-                      max_position_embeddings=64, tie_word_embeddings=True, initializer_range=0.08)
+                      max_position_embeddings=256, tie_word_embeddings=True, initializer_range=0.08)
     model = LlamaForCausalLM(cfg)
     model.save_pretrained(tmp_path / "dense")
     cpu_native.build(tmp_path / "dense", tmp_path / "engine", {})
     session = cpu_native.load(tmp_path / "engine")
     ids = torch.randint(3, VOCAB, (2 * cpu_native.STEP_ROWS + 3,), generator=torch.Generator().manual_seed(2)).tolist()
-    chunked = cpu_native._Decoder(session, 1, 64).prefill(ids, 0)
-    one = cpu_native._Decoder(session, 1, 64)
+    chunked = cpu_native._Decoder(session, 1, len(ids)).prefill(ids, 0)
+    one = cpu_native._Decoder(session, 1, len(ids))
     stepped = np.concatenate([one.step([t], [i], [0]) for i, t in enumerate(ids)])
     assert np.array_equal(chunked, stepped)
     with torch.no_grad():
