@@ -18,7 +18,8 @@ the installed build is labelled `installed`. Rounds alternate: round r measures 
 process, before round r+1 starts. Per engine it reports the median over rounds of:
 
   decode tok/s   greedy, --new-tokens tokens after a --prompt-tokens prompt (time after the first token)
-  prefill tok/s  a --prefill-tokens prompt (512: eval texts end to end) / its time to the first token
+  prefill tok/s  a --prefill-tokens prompt (512: eval texts end to end) / its time to the first token: the median
+                 of 3 runs after a warm-up one, as llama-bench's pp (which averages 5 after a warm-up)
   TTFT ms        time to the first token of the --prompt-tokens prompt
   2-stream tok/s two generations at once, all tokens / wall time
 and, once, greedy agreement on the gate's prompts (data/eval, 16 tokens each): exact match and matching
@@ -26,8 +27,9 @@ prefix share against the FP model and against the checkpoint's fake-quantized mo
 `--busy N` keeps N other CPU-bound processes running during the timed rounds: an edge device shares its cores
 with the rest of the server, and engines that spin while they wait behave very differently there.
 `--llama-bench PATH` (or `build`) adds, for every GGUF the llama_cpp backend built, llama.cpp's own `llama-bench`
-binary on the same file with the same threads: `-p PREFILL -n NEW` (pp: prompt processing of --prefill-tokens tokens;
-tg: --new-tokens tokens generated from an empty context), no Python in the loop. `build` compiles it once from the
+binary on the same file with the same threads: `-p PREFILL -r 3` (pp: prompt processing of --prefill-tokens tokens,
+the median of 3 after its warm-up run) and `-n NEW` (tg: --new-tokens tokens generated from an empty context), no
+Python in the loop. `build` compiles it once from the
 llama.cpp tree llama-cpp-python's pinned sdist vendors, with the Makefile's LLAMA_CMAKE_ARGS (the ISA `make` builds the
 binding for), into ~/.cache/edgeflow/llama-bench/<pin>-<hash of the options>/ (3 min 7 s on the 2-core Intel Xeon VM).
 Prints a markdown table and the machine (CPU model, ISA flags, compiler, llama.cpp system info), and writes JSON.
@@ -117,7 +119,10 @@ def worker(spec: dict) -> dict:
     session = backend.load(Path(spec["engine"]))
     list(backend.generate(session, spec["prompt"], 4, []))  # warm-up: kernels, caches, threads
     out = _speed(backend, session, spec["prompt"], spec["new_tokens"])
-    out["prefill_tok_s"] = _speed(backend, session, spec["prefill_prompt"], 1)["prefill_tok_s"]  # on the long prompt
+    # on the long prompt, as llama-bench times pp: after one warm-up run (the first one also grows the KV cache), the
+    # median of 3
+    long = [_speed(backend, session, spec["prefill_prompt"], 1)["prefill_tok_s"] for _ in range(4)][1:]
+    out["prefill_tok_s"] = statistics.median(long)
     out["two_stream_tok_s"] = _two_streams(backend, session, spec["prompt"], spec["new_tokens"] // 2)
     if spec.get("greedy_prompts"):
         out["continuations"] = [list(map(int, backend.generate(session, p, GREEDY_TOKENS, spec["stop"])))
@@ -226,15 +231,21 @@ def build_llama_bench() -> Path:
 
 
 def _llama_bench(binary: str, gguf: Path, prefill: int, new_tokens: int) -> dict:
-    """One run of llama-bench on `gguf`: pp<prefill> and tg<new_tokens> tok/s, the threads cpu_native gets."""
+    """One run of llama-bench on `gguf`: pp<prefill> and tg<new_tokens> tok/s, the threads cpu_native gets; pp is the
+    median of 3 repetitions after llama-bench's own warm-up run, as cpu_native's prefill is timed."""
     from tasks.engines.cpu_host import threads_from_env
 
-    p = subprocess.run([binary, "-m", str(gguf), "-t", str(threads_from_env()), "-p", str(prefill), "-n", str(new_tokens),
+    p = subprocess.run([binary, "-m", str(gguf), "-t", str(threads_from_env()), "-p", str(prefill), "-n", "0", "-r", "3",
+                        "-o", "json"], capture_output=True, text=True)
+    if p.returncode:
+        raise RuntimeError(f"llama-bench exit {p.returncode}: {p.stderr.strip()[-500:]}")
+    pp_row = next(r for r in json.loads(p.stdout) if r["n_prompt"] == prefill and r["n_gen"] == 0)
+    pp = statistics.median(pp_row["samples_ts"]) if pp_row.get("samples_ts") else pp_row["avg_ts"]
+    p = subprocess.run([binary, "-m", str(gguf), "-t", str(threads_from_env()), "-p", "0", "-n", str(new_tokens),
                         "-r", "1", "-o", "json"], capture_output=True, text=True)
     if p.returncode:
         raise RuntimeError(f"llama-bench exit {p.returncode}: {p.stderr.strip()[-500:]}")
     rows = json.loads(p.stdout)
-    pp = next(r["avg_ts"] for r in rows if r["n_prompt"] == prefill and r["n_gen"] == 0)
     tg = next(r["avg_ts"] for r in rows if r["n_gen"] == new_tokens and r["n_prompt"] == 0)
     return {"decode_tok_s": tg, "prefill_tok_s": pp, "build": rows[0].get("build_commit")}
 
