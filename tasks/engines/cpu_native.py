@@ -107,8 +107,9 @@ REQUIRED_ISA = ("avx2", "fma", "f16c")
 GROUP = 64
 MAX_ROWS = 4  # streams decoded together (one row each per step)
 STEP_ROWS = 64  # rows one llama_step call carries (q4.c's STEP_ROWS): prefill chunks of one or several prompts
-# (64 against 16: 9-16 % faster prefill of 128-1,024 tokens, BENCHMARKS.md "Prefill panels"; a prompt's whole prefill
-# runs between two decode steps whatever the chunk, so live streams wait no longer)
+# (64 against 16: 11-16 % faster prefill of 128-1,024 tokens, BENCHMARKS.md "Prefill: panels, attention by KV group,
+# 64-row steps"; a prompt's whole prefill runs between two decode steps whatever the chunk, so live streams wait no
+# longer)
 IDLE_EXIT_S = 2.0  # an idle scheduler thread ends after this long (restarted by the next generate)
 FIX = "use engine.backend: cpu (onnxruntime) for this checkpoint or machine"
 SPIN_ENV = "EDGEFLOW_ENGINE_SPIN_US"

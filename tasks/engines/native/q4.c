@@ -260,10 +260,19 @@ static void quantize_rows(const float* x, int M, int K, int16_t* xq, float* xs) 
 // vectors of q - z (shared by all M activation rows: the per-row work is 4 vpmaddwd, 3 adds, one convert and
 // one FMA per 64 weights). The products and the 8 per lane (|q - z| <= 15: <= 8 * 15 * 32767 < 2^22) are
 // exact in int32 and in the float they convert to, so each group's sum_k (q - z) xq is exact.
+// One 64-group of the int4 layout (16 words) as four int16 vectors of q - z, in k order (the layout above).
+static inline void q4_group_unpack(const uint16_t* wg, int16_t z, __m256i u[4]) {
+    const __m256i mask = _mm256_set1_epi16(15), v = _mm256_loadu_si256((const __m256i*)wg), zz = _mm256_set1_epi16(z);
+    u[0] = _mm256_sub_epi16(_mm256_and_si256(v, mask), zz);
+    u[1] = _mm256_sub_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask), zz);
+    u[2] = _mm256_sub_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 8), mask), zz);
+    u[3] = _mm256_sub_epi16(_mm256_srli_epi16(v, 12), zz);
+}
+
 #define DEFINE_Q4A(MM)                                                                                       \
 static void q4a_rows_##MM(const int16_t* xq, const float* xs, int K, int N, const void* wv,             \
                           const float* s, const int16_t* z, float* y, int r0, int r1) {                      \
-    const int G = K / 64; const __m256i mask = _mm256_set1_epi16(15); const uint16_t* w = (const uint16_t*)wv; \
+    const int G = K / 64; const uint16_t* w = (const uint16_t*)wv; \
     for (int n = r0; n < r1; n++) {                                                                          \
         const uint16_t* wn = w + (size_t)n * G * 16; const float* sn = s + (size_t)n * G;                    \
         const int16_t* zn = z + (size_t)n * G;                                                               \
@@ -276,12 +285,8 @@ static void q4a_rows_##MM(const int16_t* xq, const float* xs, int K, int N, cons
         }                                                                                                    \
         for (int g = 0; g < G; g++) {                                                                        \
             _mm_prefetch((const char*)(wn + g * 16 + 512), _MM_HINT_T0);                                     \
-            const __m256i v = _mm256_loadu_si256((const __m256i*)(wn + g * 16));                             \
-            const __m256i zz = _mm256_set1_epi16(zn[g]);                                                     \
-            const __m256i u0 = _mm256_sub_epi16(_mm256_and_si256(v, mask), zz);                              \
-            const __m256i u1 = _mm256_sub_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask), zz);        \
-            const __m256i u2 = _mm256_sub_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 8), mask), zz);        \
-            const __m256i u3 = _mm256_sub_epi16(_mm256_srli_epi16(v, 12), zz);                               \
+            __m256i u[4]; q4_group_unpack(wn + g * 16, zn[g], u);                                            \
+            const __m256i u0 = u[0], u1 = u[1], u2 = u[2], u3 = u[3];                                        \
             for (int m = 0; m < MM; m++) {                                                                   \
                 const __m256i* xm = (const __m256i*)(xq + (size_t)m * K + g * 64);                           \
                 __m256i p = _mm256_madd_epi16(u0, _mm256_loadu_si256(xm));                                   \
@@ -336,8 +341,8 @@ static void qi_region(void* p, int tid, int nth) {
 // their unpack (11 ops per group, shared by at most 4 rows). Each output is the same sum in the same order as the
 // row kernels' (the same group sums, the same FMA per lane, hsum's order): bitwise the same results, so a prompt's
 // hidden states do not depend on the chunk that carried it. While a panel computes, the next one's packed weights are
-// prefetched into L2 (the unpack had waited on them). 1.0-1.24x the row kernels' multiply-adds per second at 16 rows
-// on the 2-core Intel VM, 8-11 % faster prefill (BENCHMARKS.md, "Prefill panels").
+// prefetched into L2 (the unpack had waited on them). 1.0-1.18x the row kernels' multiply-adds per second at 16 rows
+// and 1.10-1.28x at 128 on the 2-core Intel VM (BENCHMARKS.md, "Prefill: panels, attention by KV group, 64-row steps").
 #define DEFINE_PANEL(NAME, UNPACK, GROUP, ROW_BYTES)                                                         \
 static void NAME(const int16_t* xq, const float* xs, int M, int K, int N, const void* w, const float* s,     \
                  const int16_t* z, float* y, int r0, int r1) {                                               \
@@ -375,15 +380,11 @@ static void NAME(const int16_t* xq, const float* xs, int M, int K, int N, const 
 
 // Row n of the int4 layout as int16 q - z, in k order (the vectors q4a_rows computes per group).
 static void q4_unpack(const void* wv, const int16_t* z, int K, int n, int16_t* out) {
-    const int G = K / 64; const __m256i mask = _mm256_set1_epi16(15);
+    const int G = K / 64;
     const uint16_t* wn = (const uint16_t*)wv + (size_t)n * G * 16; const int16_t* zn = z + (size_t)n * G;
     for (int g = 0; g < G; g++) {
-        const __m256i v = _mm256_loadu_si256((const __m256i*)(wn + g * 16)), zz = _mm256_set1_epi16(zn[g]);
-        __m256i* o = (__m256i*)(out + g * 64);
-        _mm256_store_si256(o, _mm256_sub_epi16(_mm256_and_si256(v, mask), zz));
-        _mm256_store_si256(o + 1, _mm256_sub_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask), zz));
-        _mm256_store_si256(o + 2, _mm256_sub_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 8), mask), zz));
-        _mm256_store_si256(o + 3, _mm256_sub_epi16(_mm256_srli_epi16(v, 12), zz));
+        __m256i u[4]; q4_group_unpack(wn + g * 16, zn[g], u);
+        for (int i = 0; i < 4; i++) _mm256_store_si256((__m256i*)(out + g * 64) + i, u[i]);
     }
 }
 
