@@ -105,7 +105,7 @@ CACHE_ENV = "EDGEFLOW_NATIVE_CACHE"
 CC_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC")
 REQUIRED_ISA = ("avx2", "fma", "f16c")
 GROUP = 64
-MAX_ROWS = 4  # streams decoded together (one row each per step)
+MAX_ROWS = 4  # streams decoded together (one row each per step): q4.c's DECODE_ROWS, its widest row kernel
 STEP_ROWS = 64  # rows one llama_step call carries (q4.c's STEP_ROWS): prefill chunks of one or several prompts
 # (64 against 16: 11-16 % faster prefill of 128-1,024 tokens, BENCHMARKS.md "Prefill: panels, attention by KV group,
 # 64-row steps"; a prompt's whole prefill runs between two decode steps whatever the chunk, so live streams wait no

@@ -207,8 +207,11 @@ class Sampler:
         to lose (penalties are applied to them in place instead of to copies).
 
         * temperature 0: the rows whose upper bound reaches the best lower bound are rescored; the first maximum wins.
-        * top_k: the rows whose upper bound reaches the k-th largest lower bound hold the top k; they are rescored and
-          `choose` draws among them (top_p then applies inside the top k, as over the whole vocabulary).
+        * top_k: the rows whose upper bound reaches the k-th largest lower bound hold the top k. They are rescored in
+          descending order of upper bound (k rows, then k/2 at a time) until the k-th largest z = logit / T found
+          lies above the next row's upper bound / T, so no row left can reach the top k. `choose` draws among them
+          (top_p then applies inside the top k, as over the whole vocabulary): the token the whole head gives for
+          the same uniform.
         * otherwise, rejection sampling (`_Envelope`): propose token i with probability proportional to
           exp(upper_i / T), rescore that one row, accept with probability exp((logit_i - upper_i) / T) <= 1. An
           accepted proposal has probability proportional to exp(logit_i / T): the softmax, exactly. A rescored row's
@@ -228,12 +231,23 @@ class Sampler:
                    else _top_k_rows(lo, up, p.top_k, universe(up, p.temperature, False)))
             if len(ids) > max_rows:
                 return None
-            raw = np.asarray(exact(ids), np.float64)
-            self.rescored += len(ids)
-            pen = self.penalise(ids, raw)
-            if not np.all((pen >= lo[ids]) & (pen <= up[ids])):
-                return None  # a bound that does not hold would make the draw wrong: refuse the shortcut instead
-            return self.choose(ids, raw)
+            if p.temperature != 0:  # rescored in descending upper bound, only as far as the top k needs
+                ids = ids[np.argsort(-up[ids], kind="stable")]
+            done, raw, pen = 0, np.empty(len(ids)), np.empty(len(ids))
+            while done < len(ids):
+                step = len(ids) if p.temperature == 0 else p.top_k if not done else max(p.top_k // 2, 8)
+                part, at = ids[done:done + step], slice(done, done + step)
+                raw[at] = exact(part)
+                pen[at] = self.penalise(part, raw[at])
+                self.rescored += len(part)
+                if not np.all((pen[at] >= lo[part]) & (pen[at] <= up[part])):
+                    return None  # a bound that does not hold would make the draw wrong: refuse the shortcut instead
+                done += len(part)
+                if p.temperature != 0 and p.top_k <= done < len(ids) and (
+                        np.partition(pen[:done], done - p.top_k)[done - p.top_k] / p.temperature
+                        > up[ids[done]] / p.temperature):
+                    break  # the k-th largest z = logit / T found lies above every row left's: none can reach the top k
+            return self.choose(ids[:done], raw[:done])
         env = _Envelope(self, lo, up, exact, max_rows, universe(up, p.temperature, True))
         for _ in range(REJECTION_TRIES):
             k, weight = env.propose(self._rng)
@@ -261,8 +275,8 @@ class Sampler:
         p = self.params
         zmax = float(z.max())
         w = np.exp(z - zmax)
-        if p.top_k > 0 and p.top_k < len(ids):
-            keep = np.argpartition(-z, p.top_k - 1)[: p.top_k]
+        if 0 < p.top_k <= len(ids):  # len(ids) == top_k: draw_bounded's rows, ordered as the whole head's top k
+            keep = _first(p.top_k, ids, z)
         elif p.top_p < 1.0:
             keep = None
         else:  # no truncation: ids are ascending in every backend, no sort needed
@@ -273,7 +287,7 @@ class Sampler:
             pool = np.arange(len(ids)) if keep is None else keep
             m = min(len(pool), 256)
             while True:  # the smallest head of the sorted distribution whose mass reaches top_p
-                head = pool if m >= len(pool) else pool[np.argpartition(-z[pool], m - 1)[:m]]
+                head = pool if m >= len(pool) else pool[_first(m, ids[pool], z[pool])]
                 head = head[np.lexsort((ids[head], -z[head]))]
                 cum = np.cumsum(w[head]) / total
                 if m >= len(pool) or cum[-1] >= p.top_p:
@@ -315,6 +329,17 @@ class Sampler:
         self.output_counts[token] += 1
         if self.params.repetition_penalty != 1:
             self.seen.add(token)
+
+
+def _first(k: int, ids: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """Indices of the k first candidates in (descending z, ascending id) order, in no order: a partition, with the
+    ties at the k-th place broken by id (np.argpartition breaks them by position, which differs between backends)."""
+    kth = z[np.argpartition(-z, k - 1)[k - 1]]
+    above = np.flatnonzero(z > kth)
+    tied = np.flatnonzero(z == kth)
+    if len(above) + len(tied) > k:
+        tied = tied[np.argsort(ids[tied], kind="stable")[: k - len(above)]]
+    return np.concatenate([above, tied])
 
 
 # Tokens whose upper bound lies this many temperatures below the best one's weigh less than e^-TAIL_LOG each: the

@@ -301,13 +301,17 @@ static void q4a_rows_##MM(const int16_t* xq, const float* xs, int K, int N, cons
 }
 DEFINE_Q4A(1) DEFINE_Q4A(2) DEFINE_Q4A(3) DEFINE_Q4A(4)
 
+// Rows a decode step carries at most: one per stream (cpu_native.MAX_ROWS), the widest row kernel (1-4 rows above).
+// A step with more rows is a prefill chunk: the linears take the panel kernels and attention runs by KV group.
+#define DECODE_ROWS 4
+
 #define SPLIT_ROWS \
     int r0 = (int)((long)N * tid / nth), r1 = (int)((long)N * (tid + 1) / nth);
 
 // Any M: one parallel region; each thread takes a range of weight rows and runs the activation rows over
 // it in chunks of 4 (each chunk sharing one unpack). K % 64 == 0. `rows` is the width's row kernels for 1-4
 // activation rows (Q4_ROWS, Q8_ROWS below): the int4 and int8 weights share everything else. A step of more
-// than 4 rows (a prefill chunk) takes the width's panel kernel instead (below).
+// than DECODE_ROWS rows (a prefill chunk) takes the width's panel kernel instead (below).
 typedef void (*qrows_fn)(const int16_t* xq, const float* xs, int K, int N, const void* w, const float* s,
                          const int16_t* z, float* y, int r0, int r1);
 typedef void (*qpanel_fn)(const int16_t* xq, const float* xs, int M, int K, int N, const void* w, const float* s,
@@ -328,7 +332,7 @@ static void qi_rows(const qi_job* j, int r0, int r1) {
 
 static void qi_region(void* p, int tid, int nth) {
     const qi_job* j = (const qi_job*)p; const int N = j->N;
-    if (j->M <= 4) { SPLIT_ROWS qi_rows(j, r0, r1); return; }
+    if (j->M <= DECODE_ROWS) { SPLIT_ROWS qi_rows(j, r0, r1); return; }
     const int blocks = N / PANEL;  // whole panels split across the team; the rows after them on the last thread
     const int r0 = (int)((long)blocks * tid / nth) * PANEL, r1 = (int)((long)blocks * (tid + 1) / nth) * PANEL;
     if (r1 > r0) j->panel(j->xq, j->xs, j->M, j->K, N, j->w, j->s, j->z, j->y, r0, r1);
@@ -701,7 +705,18 @@ void head_bounds(const float* x, int K, int V, int Vp, const int8_t* wi, const f
     const float slack = (float)(ck > 1e-5 ? ck : 1e-5);
     double ss = 0; for (int i = 0; i < K; i++) ss += (double)x[i] * x[i];
     const float xn = (float)sqrt(ss) * 1.000001f, d = dx[0], c = d + slack * (xn + d);
-    for (int r = 0; r < V; r++) {
+    const __m256 vxn = _mm256_set1_ps(xn), vc = _mm256_set1_ps(c);
+    int r = 0;
+    for (; r + 8 <= V; r += 8) {  // 8 rows at a time: the scalar loop below, operation for operation
+        const __m256 dv = _mm256_loadu_ps(dn + r);
+        const __m256 e = _mm256_fmadd_ps(vxn, dv, _mm256_mul_ps(vc, _mm256_add_ps(_mm256_loadu_ps(en + r), dv)));
+        const __m256 av = _mm256_loadu_ps(a + r);
+        const __m256d a0 = _mm256_cvtps_pd(_mm256_castps256_ps128(av)), a1 = _mm256_cvtps_pd(_mm256_extractf128_ps(av, 1));
+        const __m256d e0 = _mm256_cvtps_pd(_mm256_castps256_ps128(e)), e1 = _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1));
+        _mm256_storeu_pd(lo + r, _mm256_sub_pd(a0, e0)); _mm256_storeu_pd(lo + r + 4, _mm256_sub_pd(a1, e1));
+        _mm256_storeu_pd(up + r, _mm256_add_pd(a0, e0)); _mm256_storeu_pd(up + r + 4, _mm256_add_pd(a1, e1));
+    }
+    for (; r < V; r++) {
         const float e = fmaf(xn, dn[r], c * (en[r] + dn[r]));
         lo[r] = (double)a[r] - e; up[r] = (double)a[r] + e;
     }
@@ -743,6 +758,30 @@ static inline __m256d prefix4(__m256d v) {
     return _mm256_add_pd(v, _mm256_blend_pd(_mm256_permute4x64_pd(v, 0x40), _mm256_setzero_pd(), 0x3));
 }
 
+// For each 4-bit mask, the positions of its set bits first (COMPRESS4), and as pairs of float lanes (COMPRESS4_PD)
+static const int32_t COMPRESS4[16][4] = {
+    {0, 0, 0, 0}, {0, 0, 0, 0}, {1, 0, 0, 0}, {0, 1, 0, 0},
+    {2, 0, 0, 0}, {0, 2, 0, 0}, {1, 2, 0, 0}, {0, 1, 2, 0},
+    {3, 0, 0, 0}, {0, 3, 0, 0}, {1, 3, 0, 0}, {0, 1, 3, 0},
+    {2, 3, 0, 0}, {0, 2, 3, 0}, {1, 2, 3, 0}, {0, 1, 2, 3}};
+static const int32_t COMPRESS4_PD[16][8] = {
+    {0, 1, 0, 1, 0, 1, 0, 1},
+    {0, 1, 0, 1, 0, 1, 0, 1},
+    {2, 3, 0, 1, 0, 1, 0, 1},
+    {0, 1, 2, 3, 0, 1, 0, 1},
+    {4, 5, 0, 1, 0, 1, 0, 1},
+    {0, 1, 4, 5, 0, 1, 0, 1},
+    {2, 3, 4, 5, 0, 1, 0, 1},
+    {0, 1, 2, 3, 4, 5, 0, 1},
+    {6, 7, 0, 1, 0, 1, 0, 1},
+    {0, 1, 6, 7, 0, 1, 0, 1},
+    {2, 3, 6, 7, 0, 1, 0, 1},
+    {0, 1, 2, 3, 6, 7, 0, 1},
+    {4, 5, 6, 7, 0, 1, 0, 1},
+    {0, 1, 4, 5, 6, 7, 0, 1},
+    {2, 3, 4, 5, 6, 7, 0, 1},
+    {0, 1, 2, 3, 4, 5, 6, 7}};
+
 int head_envelope(const double* up, int V, double t, double tail_log, int* ids, double* weight, double* cum, double* out) {
     double m = -INFINITY; int r = 0;
     {
@@ -753,9 +792,23 @@ int head_envelope(const double* up, int V, double t, double tail_log, int* ids, 
     }
     const double zmax = m / t, cut = (zmax - tail_log) * t;
     out[0] = zmax; out[1] = cut;
-    int n = 0;  // branch-free: every row is written, the count moves past the kept ones (half are, at random)
-    if (!weight) { for (r = 0; r < V; r++) { ids[n] = r; n += up[r] >= cut; } return n; }
-    for (r = 0; r < V; r++) { const double u = up[r]; ids[n] = r; weight[n] = u; n += u >= cut; }
+    // Branch-free: 4 rows at a time, every lane written and the kept ones moved to the front (COMPRESS4); the count
+    // moves past the kept ones, and the lanes after it are written over by the next rows (n <= r: inside [V]).
+    int n = 0;
+    const __m256d vcut = _mm256_set1_pd(cut);
+    for (r = 0; r + 4 <= V; r += 4) {
+        const __m256d u = _mm256_loadu_pd(up + r);
+        const int mask = _mm256_movemask_pd(_mm256_cmp_pd(u, vcut, _CMP_GE_OQ));
+        const __m128i at = _mm_loadu_si128((const __m128i*)COMPRESS4[mask]);
+        _mm_storeu_si128((__m128i*)(ids + n), _mm_add_epi32(_mm_set1_epi32(r), at));
+        if (weight) {
+            const __m256i pairs = _mm256_loadu_si256((const __m256i*)COMPRESS4_PD[mask]);
+            _mm256_storeu_pd(weight + n, _mm256_castps_pd(_mm256_permutevar8x32_ps(_mm256_castpd_ps(u), pairs)));
+        }
+        n += __builtin_popcount(mask);
+    }
+    for (; r < V; r++) { ids[n] = r; if (weight) weight[n] = up[r]; n += up[r] >= cut; }
+    if (!weight) return n;
     const double it = 1.0 / t;
     const __m256 raise = _mm256_set1_ps(1.0f + 0x1p-16f);
     const __m256d vit = _mm256_set1_pd(it), vz = _mm256_set1_pd(zmax);
@@ -946,29 +999,94 @@ static int zid_order(const void* a, const void* b) {  // descending z, then asce
     return x->z > y->z ? -1 : x->z < y->z ? 1 : (x->id > y->id) - (x->id < y->id);
 }
 
+// zid_t binary heaps: `best` first puts the (larger z, then smaller id) element on top, else the other one.
+static inline int zid_above(zid_t a, zid_t b, int best) {
+    const int better = a.z > b.z || (a.z == b.z && a.id < b.id), worse = a.z < b.z || (a.z == b.z && a.id > b.id);
+    return best ? better : worse;
+}
+static void zid_down(zid_t* h, int n, int i, int best) {
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= n) return;
+        if (c + 1 < n && zid_above(h[c + 1], h[c], best)) c++;
+        if (!zid_above(h[c], h[i], best)) return;
+        const zid_t t = h[i]; h[i] = h[c]; h[c] = t; i = c;
+    }
+}
+static void zid_heapify(zid_t* h, int n, int best) { for (int i = n / 2 - 1; i >= 0; i--) zid_down(h, n, i, best); }
+static zid_t zid_pop(zid_t* h, int* n, int best) {
+    const zid_t top = h[0];
+    h[0] = h[--*n]; zid_down(h, *n, 0, best);
+    return top;
+}
+
+static void min_heap_down(double* h, int n, int i) {
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= n) return;
+        if (c + 1 < n && h[c + 1] < h[c]) c++;
+        if (h[i] <= h[c]) return;
+        const double t = h[i]; h[i] = h[c]; h[c] = t; i = c;
+    }
+}
+
+// The k-th largest lower bound among the rows ids[0..n) (ids NULL: rows 0..n), by a min-heap of the k largest in
+// heap[0..k): one comparison for most rows (a selection over the whole set cost 160 us a step on the demo student).
+static double kth_lower(const double* lo, const int* ids, int n, int k, double* heap) {
+    for (int i = 0; i < k; i++) heap[i] = lo[ids ? ids[i] : i];
+    for (int i = k / 2 - 1; i >= 0; i--) min_heap_down(heap, k, i);
+    for (int i = k; i < n; i++) {
+        const double v = lo[ids ? ids[i] : i];
+        if (v > heap[0]) { heap[0] = v; min_heap_down(heap, k, 0); }
+    }
+    return heap[0];
+}
+
+static void prefetch_row(const float* r, int K) {
+    for (int i = 0; i < K; i += 16) _mm_prefetch((const char*)(r + i), _MM_HINT_T0);
+}
+
 // top_k (0 < k < V): draw_bounded's top_k branch and Sampler._draw after it. The rows whose upper bound reaches the
-// k-th largest lower bound (taken among the universe when that holds them) hold the top k; all are rescored, the
-// top k by (penalised logit, then id) kept, top_p applied inside them, one uniform draws. -1: more rows than max_rows.
+// k-th largest lower bound (taken among the universe when that holds them) can hold the top k. They are rescored in
+// descending order of upper bound (a max-heap; the next row's fp32 weights prefetched while one is scored) until the
+// k-th largest z = logit / t so far lies above the next row's upper bound / t: no row left can reach the top k then
+// (on the demo student at top_k 40, 110 of the ~300 candidates per step). The top k by (z, then id) are kept, top_p
+// applied inside them, one uniform draws: the token the whole head gives. -1: more candidates than max_rows.
 static int sb_top_k(sb_t* s, int k, double q, double tail_log, long max_rows, double u, double* sel) {
     double env[2];
     const int n = head_envelope(s->up, s->V, s->t, tail_log, s->ids, NULL, NULL, env);
     const double cut = env[1];
     double thr = -INFINITY; int near = 0;
     if (n >= k) {
-        for (int i = 0; i < n; i++) sel[i] = s->lo[s->ids[i]];
-        thr = kth_largest(sel, n, k - 1);
+        thr = kth_lower(s->lo, s->ids, n, k, sel);
         near = thr >= cut;  // every token outside the universe has its upper bound below it
     }
-    if (!near) { for (int r = 0; r < s->V; r++) sel[r] = s->lo[r]; thr = kth_largest(sel, s->V, k - 1); }
+    if (!near) thr = kth_lower(s->lo, NULL, s->V, k, sel);
     int m = 0;
     if (near) { for (int i = 0; i < n; i++) if (s->up[s->ids[i]] >= thr) s->ids[m++] = s->ids[i]; }
     else for (int r = 0; r < s->V; r++) if (s->up[r] >= thr) s->ids[m++] = r;
     if (m > max_rows) return -1;
-    zid_t* c = (zid_t*)malloc((size_t)m * sizeof(zid_t));
+    zid_t* c = (zid_t*)malloc((size_t)(m + k) * sizeof(zid_t));
     if (!c) return -1;
-    s->n = m;
-    for (int i = 0; i < m; i++) { s->pen[i] = NAN; c[i].z = sb_row(s, i) / s->t; c[i].id = s->ids[i]; }
+    zid_t* top = c + m;  // the k best rescored rows, the worst on top once k are in
+    for (int i = 0; i < m; i++) { c[i].z = s->up[s->ids[i]] / s->t; c[i].id = s->ids[i]; }
+    zid_heapify(c, m, 1);  // the candidates, the highest upper bound on top
+    int left = m, done = 0;
+    zid_t next = zid_pop(c, &left, 1);  // m >= k: the k rows whose lower bound reaches thr are candidates
+    for (int more = 1; more;) {
+        if (done >= k && top[0].z > next.z) break;  // every row left has its z below the k-th found
+        const zid_t cur = next;
+        more = left > 0;
+        if (more) { next = zid_pop(c, &left, 1); prefetch_row(s->E + (size_t)next.id * s->K, s->K); }
+        s->ids[done] = cur.id; s->pen[done] = NAN; s->n = done + 1;
+        const zid_t got = {sb_row(s, done) / s->t, cur.id};
+        if (done < k) { top[done] = got; if (done == k - 1) zid_heapify(top, k, 0); }
+        else if (zid_above(got, top[0], 1)) { top[0] = got; zid_down(top, k, 0, 0); }
+        done++;
+    }
     if (s->bad) { free(c); return -2; }
+    m = done < k ? done : k;
+    memmove(c, top, (size_t)m * sizeof(zid_t));
     qsort(c, (size_t)m, sizeof(zid_t), zid_order);
     const int kk = k < m ? k : m;
     double total = 0;
@@ -1243,13 +1361,14 @@ static inline __attribute__((always_inline)) void attend(const attn_job* j, int 
     att_values((const float* const*)p, NQ, V_, T, hd, inv, o);
 }
 
-// A decode step (up to 4 rows) splits its (row, head) pairs across the team; a prefill chunk splits (row, KV group)
-// units and runs each group's heads ATT_Q at a time, so that every key and value row read from L2 serves ATT_Q heads.
+// A decode step (up to DECODE_ROWS rows) splits its (row, head) pairs across the team; a prefill chunk splits (row,
+// KV group) units and runs each group's heads ATT_Q at a time, so that every key and value row read from L2 serves
+// ATT_Q heads.
 static void attention_region(void* arg, int tid, int nth) {
     const attn_job* j = (const attn_job*)arg;
     const int H = j->H, KV = j->KV, per = H / KV;
     float* p_ = j->sc + (size_t)tid * ATT_Q * j->maxlen;
-    if (j->M <= 4) {
+    if (j->M <= DECODE_ROWS) {
         const int n = j->M * H, i0 = (int)((long)n * tid / nth), i1 = (int)((long)n * (tid + 1) / nth);
         for (int i = i0; i < i1; i++) attend(j, i / H, i % H, 1, p_);
         return;

@@ -740,6 +740,36 @@ def test_sampled_tokens_follow_the_fp32_heads_distribution(params: dict, session
     assert chi_square_p(drawn, want) > 1e-3
 
 
+def test_head_bounds_hold_every_fp32_logit(sessions) -> None:
+    """head_bounds (what every sampled step draws from): lower <= x . E_r <= upper for every row, on real final
+    hidden states, large random ones and near-ties; the vector loop (8 rows at a time) gives the scalar tail's bits
+    (rows 984-989 computed both ways by asking for 998 rows and for 990)."""
+    session = sessions["asym"]
+    t, P = session.tensors, cpu_native._ptr
+    E = session.head.astype(np.float64)
+    rng = np.random.default_rng(1)
+    hidden = cpu_native._Decoder(session, 1, 40).prefill(_prompts()[2], 0)
+    rows = rng.integers(0, VOCAB, 8)
+    near = (E[rows] * 50 + E[(rows + 1) % VOCAB] * 49.9).astype(np.float32)
+    b = cpu_native._HeadBuffers(session, 1)
+    vp = t["head.q8_scale"].shape[0]
+
+    def bounds(x: np.ndarray, v: int) -> tuple[np.ndarray, np.ndarray]:
+        lo, up = np.full(VOCAB, np.nan), np.full(VOCAB, np.nan)
+        session.lib.head_bounds(P(x), x.shape[1], v, vp, P(t["head.q8"]), P(t["head.q8_scale"]), P(t["head.dn"]),
+                                P(t["head.en"]), P(b.logits[0]), P(lo), P(up), session.team)
+        return lo, up
+
+    for x in np.concatenate([hidden[-8:], rng.standard_normal((8, E.shape[1])).astype(np.float32) * 20, near]):
+        x = np.ascontiguousarray(x[None], np.float32)
+        exact = E @ x[0].astype(np.float64)
+        lo, up = bounds(x, VOCAB)
+        assert (lo <= exact).all() and (exact <= up).all()
+        assert np.median(up - lo) < np.std(exact)  # a bound that tells rows apart, not the whole range
+        lo2, up2 = bounds(x, 990)
+        assert np.array_equal(lo2[:990], lo[:990]) and np.array_equal(up2[:990], up[:990]) and np.isnan(lo2[990:]).all()
+
+
 def test_head_rows_are_the_fp32_logits_the_greedy_head_picks_from(sessions) -> None:
     """head_rows (every fp32 logit sampling uses) against float64 x . E_r, for chosen rows and the whole head, and the
     greedy head's token is the maximum of the same numbers."""
@@ -775,39 +805,52 @@ def test_head_universe_is_numpys_with_weights_that_bound_it_from_above(t: float,
         assert np.array_equal(ids_only.ids, ref.ids) and ids_only.weight is None
 
 
+class _CHead:
+    """q4.c's sample_bounded over a head whose rows hold the logits themselves (E_r = [l_r, 0..], x = [1, 0..])."""
+
+    def __init__(self, logits: np.ndarray) -> None:
+        self.lib, self.v = cpu_native._library(), len(logits)
+        self.E = np.zeros((self.v, 8), np.float32)
+        self.E[:, 0] = logits
+        self.x = np.zeros(8, np.float32)
+        self.x[0] = 1.0
+        self.ids = np.zeros(self.v, np.int32)
+        self.scratch = [np.zeros(self.v) for _ in range(5)]  # prop, cum, pen, gap, sel
+
+    def sample(self, sampler, lo: np.ndarray, up: np.ndarray, tail_log: float | None = None, max_rows: int = 1000,
+               stats: np.ndarray | None = None) -> int:
+        """One step for `sampler` (its counts, its uniforms) from the raw bounds lo, up: the token, or < 0 for the
+        whole head. `stats` ([rows rescored, nucleus tests that read every row]) is added to."""
+        from tasks.engines.sampling import NUCLEUS_ROWS, REDRAWS, REJECTION_TRIES, TAIL_LOG
+
+        P, params = cpu_native._ptr, sampler.params
+        stats = np.zeros(2, np.int64) if stats is None else stats
+        lo_p, up_p = sampler.penalised_bounds(np.ascontiguousarray(lo, np.float64), np.ascontiguousarray(up, np.float64))
+        tids, trep, tsub = sampler.penalty_table()
+        u = sampler.uniforms(cpu_native.SAMPLE_UNIFORMS)
+        return self.lib.sample_bounded(
+            P(self.x), 8, P(self.E), P(lo_p), P(up_p), self.v, params.temperature, params.top_p, params.top_k, P(tids),
+            P(trep), P(tsub), len(tids), params.repetition_penalty, TAIL_LOG if tail_log is None else tail_log,
+            REJECTION_TRIES, REDRAWS, NUCLEUS_ROWS, max_rows, P(u), len(u), P(self.ids), *(P(a) for a in self.scratch),
+            P(stats))
+
+
 def _c_draws(logits: np.ndarray, lo: np.ndarray, up: np.ndarray, params, n: int, tail_log: float | None = None,
              max_rows: int = 1000, counts: Counter = Counter()) -> tuple[np.ndarray, int, np.ndarray]:
-    """n independent draws by q4.c's sample_bounded over a head whose rows hold the logits themselves (E_r = [l_r, 0..],
-    x = [1, 0..]), each with the request's token counts reset to `counts` and given up, as cpu_native does, to the
-    whole head when it returns no token. Returns (counts per token, draws given up, [rows rescored, nucleus tests that
-    read every row])."""
-    from tasks.engines.sampling import NUCLEUS_ROWS, REDRAWS, REJECTION_TRIES, TAIL_LOG, Sampler
+    """n independent draws by `_CHead.sample`, each with the request's token counts reset to `counts` and given up, as
+    cpu_native does, to the whole head when it returns no token. Returns (counts per token, draws given up, [rows
+    rescored, nucleus tests that read every row])."""
+    from tasks.engines.sampling import Sampler
 
-    lib = cpu_native._library()
-    v, k = len(logits), 8
-    E = np.zeros((v, k), np.float32)
-    E[:, 0] = logits
-    x = np.zeros(k, np.float32)
-    x[0] = 1.0
-    exact = E[:, 0].astype(np.float64)
-    lo, up = np.ascontiguousarray(lo, np.float64), np.ascontiguousarray(up, np.float64)
-    ids = np.zeros(v, np.int32)
-    prop, cum, pen, gap, sel = (np.zeros(v) for _ in range(5))
+    v = len(logits)
+    exact = np.asarray(logits, np.float32).astype(np.float64)
     stats = np.zeros(2, np.int64)
-    P = cpu_native._ptr
-    sampler = Sampler(params)
+    sampler, head = Sampler(params), _CHead(logits)
     drawn, given_up = np.zeros(v, np.int64), 0
     for _ in range(n):
         sampler.output_counts = Counter(counts)
         sampler.seen = set(counts) if params.repetition_penalty != 1 else set()
-        lo_p, up_p = sampler.penalised_bounds(lo, up)
-        tids, trep, tsub = sampler.penalty_table()
-        u = sampler.uniforms(cpu_native.SAMPLE_UNIFORMS)
-        tok = lib.sample_bounded(P(x), k, P(E), P(lo_p), P(up_p), v, params.temperature, params.top_p, params.top_k,
-                                 P(tids), P(trep),
-                                 P(tsub), len(tids), params.repetition_penalty,
-                                 TAIL_LOG if tail_log is None else tail_log, REJECTION_TRIES, REDRAWS, NUCLEUS_ROWS,
-                                 max_rows, P(u), len(u), P(ids), P(prop), P(cum), P(pen), P(gap), P(sel), P(stats))
+        tok = head.sample(sampler, lo, up, tail_log, max_rows, stats)
         if tok < 0:
             given_up += 1
             tok = int(sampler.choose(np.arange(v), exact))
@@ -851,6 +894,45 @@ def test_sample_bounded_follows_the_exact_distribution(name: str, case: str) -> 
         assert stats[1] > 0  # nucleus tests that had to read every row
     if case == "plain":
         assert stats[0] < n * len(logits) / 10  # rows rescored: far fewer than the whole head's, draw after draw
+
+
+@pytest.mark.parametrize("name", ["t0.8-top_k40", "t0.9-top_k40-top_p0.8", "t1.5-top_k3-penalties"])
+def test_sample_bounded_top_k_draws_the_token_the_whole_head_draws(name: str) -> None:
+    """q4.c's top_k rescores its candidates in descending upper bound and stops once the k-th logit found lies above
+    every row left: token for token, from the same uniforms, the draw `Sampler.choose` makes over the whole head, on
+    300 steps of tied logits (Python's draw_bounded is held to the same in test_sampling.py)."""
+    from tasks.engines.sampling import Sampler
+    from tests.tasks.engines.test_sampling import TOP_K_SETTINGS, tied_logits_and_bounds
+
+    params, counts = TOP_K_SETTINGS[name]
+    bounded, whole = Sampler(params), Sampler(params)
+    for step in range(300):
+        logits, lo, up = tied_logits_and_bounds(step)
+        for s in (bounded, whole):
+            s.output_counts = Counter(counts)
+            s.seen = set(counts) if params.repetition_penalty != 1 else set()
+        tok = _CHead(logits.astype(np.float32)).sample(bounded, lo, up)  # takes SAMPLE_UNIFORMS, draws with the first
+        want = int(whole.choose(np.arange(len(logits)), logits))
+        whole.uniforms(cpu_native.SAMPLE_UNIFORMS - 1)
+        assert tok == want, f"step {step}"
+
+
+def test_sample_bounded_top_k_stops_rescoring_once_the_top_k_is_known() -> None:
+    """Bounds up to 2.1 logits wide on each side (the demo student's int8 head): of the rows whose upper bound reaches
+    the 40th lower bound, q4.c rescores about half (one at a time, so no more than the top k needs)."""
+    from tasks.engines.sampling import Sampler, SamplingParams, _top_k_rows, numpy_universe
+    from tests.tasks.engines.test_sampling import BIG_V
+
+    params = SamplingParams(temperature=0.8, top_k=40, seed=1)
+    sampler, candidates, stats = Sampler(params), 0, np.zeros(2, np.int64)
+    for step in range(50):
+        rng = np.random.default_rng(step)
+        logits = rng.normal(0, 2.5, BIG_V).astype(np.float32)
+        lo, up = logits - rng.uniform(0, 2.1, BIG_V), logits + rng.uniform(0, 2.1, BIG_V)
+        candidates += len(_top_k_rows(lo, up, params.top_k, numpy_universe(up, params.temperature, False)))
+        sampler.output_counts = Counter()
+        assert _CHead(logits).sample(sampler, lo, up, stats=stats) >= 0
+    assert stats[0] < 0.6 * candidates
 
 
 def test_sample_bounded_greedy_is_the_first_maximum_of_the_penalised_logits() -> None:

@@ -247,6 +247,56 @@ def test_the_distribution_check_tells_a_near_miss_apart() -> None:
     assert chi_square_p(drawn, target(logits, SamplingParams(temperature=0.7, top_p=0.9), Counter())) < 1e-6
 
 
+TOP_K_SETTINGS = {
+    "t0.8-top_k40": (SamplingParams(temperature=0.8, top_k=40, seed=6), Counter()),
+    "t0.9-top_k40-top_p0.8": (SamplingParams(temperature=0.9, top_k=40, top_p=0.8, seed=5), Counter()),
+    "t1.5-top_k3-penalties": (SamplingParams(temperature=1.5, top_k=3, presence_penalty=0.5, repetition_penalty=1.5,
+                                             seed=7), Counter({int(i): 1 for i in range(0, BIG_V, 3)})),
+}
+
+
+def tied_logits_and_bounds(step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Logits on a 0.5 grid (many ties at the k-th place) with bounds exact on half the rows and up to 2.0 wide on
+    the others: a row left unrescored can have its upper bound equal to the k-th logit found and a lower id."""
+    rng = np.random.default_rng(1000 + step)
+    logits = np.round(rng.normal(0, 2.5, BIG_V) * 2) / 2
+    loose = rng.random(BIG_V) < 0.5
+    return logits, logits - loose * rng.uniform(0, 2.0, BIG_V), logits + loose * rng.uniform(0, 2.0, BIG_V)
+
+
+@pytest.mark.parametrize("name", list(TOP_K_SETTINGS))
+def test_bounded_top_k_draws_the_token_the_whole_head_draws(name: str) -> None:
+    """top_k rescores its candidates in descending upper bound and stops once the k-th logit found lies above every
+    row left. Token for token from the same seed, that is the draw `choose` makes over the whole head, on 300 steps of
+    tied logits."""
+    params, counts = TOP_K_SETTINGS[name]
+    bounded, whole = Sampler(params), Sampler(params)
+    for step in range(300):
+        logits, lo, up = tied_logits_and_bounds(step)
+        for s in (bounded, whole):
+            s.output_counts = Counter(counts)
+            s.seen = set(counts) if params.repetition_penalty != 1 else set()
+        tok = bounded.draw_bounded(lo, up, lambda ids: logits[ids], 10**6)
+        assert tok is not None and int(tok) == int(whole.choose(np.arange(BIG_V), logits)), f"step {step}"
+
+
+def test_bounded_top_k_stops_rescoring_once_the_top_k_is_known() -> None:
+    """Bounds up to 2.1 logits wide on each side (the demo student's int8 head): of the rows whose upper bound reaches
+    the 40th lower bound, about half need rescoring (the rows above the 40th logit, in descending upper bound)."""
+    from tasks.engines.sampling import _top_k_rows, numpy_universe
+
+    params = SamplingParams(temperature=0.8, top_k=40, seed=1)
+    s, candidates = Sampler(params), 0
+    for step in range(50):
+        rng = np.random.default_rng(step)
+        logits = rng.normal(0, 2.5, BIG_V)
+        lo, up = logits - rng.uniform(0, 2.1, BIG_V), logits + rng.uniform(0, 2.1, BIG_V)
+        candidates += len(_top_k_rows(lo, up, params.top_k, numpy_universe(up, params.temperature, False)))
+        s.output_counts = Counter()
+        assert s.draw_bounded(lo, up, lambda ids: logits[ids], 10**6) is not None
+    assert s.rescored < 0.7 * candidates
+
+
 def test_bounded_greedy_is_the_first_maximum_of_the_penalised_logits() -> None:
     logits = np.round(_big_logits(1), 1)  # ties among the top logits
     counts = Counter({int(np.argmax(logits)): 1})
