@@ -582,7 +582,30 @@ static void q8a_rows_##MM(const int16_t* xq, const float* xs, int Kp, int N, con
 }
 DEFINE_Q8A(1) DEFINE_Q8A(2) DEFINE_Q8A(3) DEFINE_Q8A(4)
 
-typedef struct { const int16_t* xq; const float* xs; int mm, Kp, N; const int8_t* w; const float* s; float* y; } q8_job;
+// head_bounds' bound on rows [r0, r1): lo/up = a_r -/+ e_r, e_r = xn dn_r + c (en_r + dn_r) in float, 8 rows at a time
+// and then one at a time (the same operations, so the same bits either way).
+static void bound_rows(const float* a, const float* dn, const float* en, float xn, float c, double* lo, double* up,
+                       int r0, int r1) {
+    const __m256 vxn = _mm256_set1_ps(xn), vc = _mm256_set1_ps(c);
+    int r = r0;
+    for (; r + 8 <= r1; r += 8) {
+        const __m256 dv = _mm256_loadu_ps(dn + r);
+        const __m256 e = _mm256_fmadd_ps(vxn, dv, _mm256_mul_ps(vc, _mm256_add_ps(_mm256_loadu_ps(en + r), dv)));
+        const __m256 av = _mm256_loadu_ps(a + r);
+        const __m256d a0 = _mm256_cvtps_pd(_mm256_castps256_ps128(av)), a1 = _mm256_cvtps_pd(_mm256_extractf128_ps(av, 1));
+        const __m256d e0 = _mm256_cvtps_pd(_mm256_castps256_ps128(e)), e1 = _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1));
+        _mm256_storeu_pd(lo + r, _mm256_sub_pd(a0, e0)); _mm256_storeu_pd(lo + r + 4, _mm256_sub_pd(a1, e1));
+        _mm256_storeu_pd(up + r, _mm256_add_pd(a0, e0)); _mm256_storeu_pd(up + r + 4, _mm256_add_pd(a1, e1));
+    }
+    for (; r < r1; r++) {
+        const float e = fmaf(xn, dn[r], c * (en[r] + dn[r]));
+        lo[r] = (double)a[r] - e; up[r] = (double)a[r] + e;
+    }
+}
+
+// With lo non-NULL (head_bounds, one row): each thread also bounds the first V of its rows, while they are in cache.
+typedef struct { const int16_t* xq; const float* xs; int mm, Kp, N; const int8_t* w; const float* s; float* y;
+                 const float* dn; const float* en; double* lo; double* up; int V; float xn, c; } q8_job;
 
 static void q8i_region(void* p, int tid, int nth) {
     const q8_job* j = (const q8_job*)p; const int N = j->N, Kp = j->Kp;
@@ -591,10 +614,14 @@ static void q8i_region(void* p, int tid, int nth) {
                      case 2: q8a_rows_2(j->xq, j->xs, Kp, N, j->w, j->s, j->y, r0, r1); break;
                      case 3: q8a_rows_3(j->xq, j->xs, Kp, N, j->w, j->s, j->y, r0, r1); break;
                      default: q8a_rows_4(j->xq, j->xs, Kp, N, j->w, j->s, j->y, r0, r1); }
+    if (j->lo && r0 < j->V) bound_rows(j->y, j->dn, j->en, j->xn, j->c, j->lo, j->up, r0, r1 < j->V ? r1 : j->V);
 }
 
 // y [M, N] from x [M, K] (fp32) against the int8 table [N][Kp]; also returns dx[m] = ||x_m - dequantized xq_m||.
-void q8i_gemm(const float* x, int M, int K, int N, const int8_t* w, const float* s, float* y, float* dx, void* team) {
+// bounds (M = 1 only; NULL: none): a job whose dn, en, lo, up, V and xn are set, and whose c (head_argmax's
+// d + slack (||x|| + d), d = dx[0]) is set here from `slack`.
+static void q8i_run(const float* x, int M, int K, int N, const int8_t* w, const float* s, float* y, float* dx, void* team,
+                    const q8_job* bounds, float slack) {
     const int Kp = (K + 63) / 64 * 64;
     int16_t* xq = (int16_t*)_mm_malloc((size_t)4 * Kp * sizeof(int16_t), 32); float xs[4];
     for (int m0 = 0; m0 < M; m0 += 4) {
@@ -606,9 +633,17 @@ void q8i_gemm(const float* x, int M, int K, int N, const int8_t* w, const float*
             dx[m0 + m] = (float)(sqrt(e) * (1 + 1e-6));
         }
         q8_job j = {xq, xs, mm, Kp, N, w, s, y + (size_t)m0 * N};
+        if (bounds) {
+            j.dn = bounds->dn; j.en = bounds->en; j.lo = bounds->lo; j.up = bounds->up; j.V = bounds->V;
+            j.xn = bounds->xn; j.c = dx[0] + slack * (bounds->xn + dx[0]);
+        }
         team_run((team_t*)team, q8i_region, &j);
     }
     _mm_free(xq);
+}
+
+void q8i_gemm(const float* x, int M, int K, int N, const int8_t* w, const float* s, float* y, float* dx, void* team) {
+    q8i_run(x, M, K, N, w, s, y, dx, team, NULL, 0);
 }
 
 static float dotK(const float* a, const float* b, int K) {
@@ -699,27 +734,13 @@ void head_argmax(const float* x, int M, int K, int V, int Vp, const int8_t* wi, 
 // computed the same way; a [Vp] is scratch. What sampling draws from (tasks/engines/sampling.py:draw_bounded).
 void head_bounds(const float* x, int K, int V, int Vp, const int8_t* wi, const float* s, const float* dn,
                  const float* en, float* a, double* lo, double* up, void* team) {
-    float dx[1];
-    q8i_gemm(x, 1, K, Vp, wi, s, a, dx, team);
     const double ck = (K / 8 + K / 16 + 8) * 2.0 * 5.97e-8;
     const float slack = (float)(ck > 1e-5 ? ck : 1e-5);
     double ss = 0; for (int i = 0; i < K; i++) ss += (double)x[i] * x[i];
-    const float xn = (float)sqrt(ss) * 1.000001f, d = dx[0], c = d + slack * (xn + d);
-    const __m256 vxn = _mm256_set1_ps(xn), vc = _mm256_set1_ps(c);
-    int r = 0;
-    for (; r + 8 <= V; r += 8) {  // 8 rows at a time: the scalar loop below, operation for operation
-        const __m256 dv = _mm256_loadu_ps(dn + r);
-        const __m256 e = _mm256_fmadd_ps(vxn, dv, _mm256_mul_ps(vc, _mm256_add_ps(_mm256_loadu_ps(en + r), dv)));
-        const __m256 av = _mm256_loadu_ps(a + r);
-        const __m256d a0 = _mm256_cvtps_pd(_mm256_castps256_ps128(av)), a1 = _mm256_cvtps_pd(_mm256_extractf128_ps(av, 1));
-        const __m256d e0 = _mm256_cvtps_pd(_mm256_castps256_ps128(e)), e1 = _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1));
-        _mm256_storeu_pd(lo + r, _mm256_sub_pd(a0, e0)); _mm256_storeu_pd(lo + r + 4, _mm256_sub_pd(a1, e1));
-        _mm256_storeu_pd(up + r, _mm256_add_pd(a0, e0)); _mm256_storeu_pd(up + r + 4, _mm256_add_pd(a1, e1));
-    }
-    for (; r < V; r++) {
-        const float e = fmaf(xn, dn[r], c * (en[r] + dn[r]));
-        lo[r] = (double)a[r] - e; up[r] = (double)a[r] + e;
-    }
+    q8_job bounds = {0};
+    bounds.dn = dn; bounds.en = en; bounds.lo = lo; bounds.up = up; bounds.V = V; bounds.xn = (float)sqrt(ss) * 1.000001f;
+    float dx[1];
+    q8i_run(x, 1, K, Vp, wi, s, a, dx, team, &bounds, slack);  // the bounds in the gemm's own region (bound_rows)
 }
 
 // ---------------------------------------------------------------------------------------------- vector exp
