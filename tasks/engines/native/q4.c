@@ -582,32 +582,15 @@ static void q8a_rows_##MM(const int16_t* xq, const float* xs, int Kp, int N, con
 }
 DEFINE_Q8A(1) DEFINE_Q8A(2) DEFINE_Q8A(3) DEFINE_Q8A(4)
 
-// The int8 head's bound (derived at the top of this file), one owner for head_argmax and head_bounds:
-// |x . E_r - a_r| <= e_r = xn dn_r + c (en_r + dn_r), with xn >= ||x||, d >= ||x - xhat|| (q8i_gemm's dx) and
-// c = d + slack (xn + d), slack the fp32 rounding of a K-long int8 dot product. e_r is computed 8 rows at a time
-// (head_e8) or one at a time (head_e) with the same operations, so the same bits either way.
-static float head_xn(const float* x, int K) {
-    double ss = 0; for (int i = 0; i < K; i++) ss += (double)x[i] * x[i];
-    return (float)sqrt(ss) * 1.000001f;
-}
-static float head_c(int K, float xn, float d) {
-    const double ck = (K / 8 + K / 16 + 8) * 2.0 * 5.97e-8;  // 2 * (lanes' sequential terms) * 2^-24
-    const float slack = (float)(ck > 1e-5 ? ck : 1e-5);
-    return d + slack * (xn + d);
-}
-static inline __m256 head_e8(__m256 vxn, __m256 vc, const float* dn, const float* en) {
-    const __m256 dv = _mm256_loadu_ps(dn);
-    return _mm256_fmadd_ps(vxn, dv, _mm256_mul_ps(vc, _mm256_add_ps(_mm256_loadu_ps(en), dv)));
-}
-static inline float head_e(float xn, float c, float dn, float en) { return fmaf(xn, dn, c * (en + dn)); }
-
-// head_bounds' bound on rows [r0, r1): lo/up = a_r -/+ e_r.
+// head_bounds' bound on rows [r0, r1): lo/up = a_r -/+ e_r, e_r = xn dn_r + c (en_r + dn_r) in float, 8 rows at a time
+// and then one at a time (the same operations, so the same bits either way).
 static void bound_rows(const float* a, const float* dn, const float* en, float xn, float c, double* lo, double* up,
                        int r0, int r1) {
     const __m256 vxn = _mm256_set1_ps(xn), vc = _mm256_set1_ps(c);
     int r = r0;
     for (; r + 8 <= r1; r += 8) {
-        const __m256 e = head_e8(vxn, vc, dn + r, en + r);
+        const __m256 dv = _mm256_loadu_ps(dn + r);
+        const __m256 e = _mm256_fmadd_ps(vxn, dv, _mm256_mul_ps(vc, _mm256_add_ps(_mm256_loadu_ps(en + r), dv)));
         const __m256 av = _mm256_loadu_ps(a + r);
         const __m256d a0 = _mm256_cvtps_pd(_mm256_castps256_ps128(av)), a1 = _mm256_cvtps_pd(_mm256_extractf128_ps(av, 1));
         const __m256d e0 = _mm256_cvtps_pd(_mm256_castps256_ps128(e)), e1 = _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1));
@@ -615,7 +598,7 @@ static void bound_rows(const float* a, const float* dn, const float* en, float x
         _mm256_storeu_pd(up + r, _mm256_add_pd(a0, e0)); _mm256_storeu_pd(up + r + 4, _mm256_add_pd(a1, e1));
     }
     for (; r < r1; r++) {
-        const float e = head_e(xn, c, dn[r], en[r]);
+        const float e = fmaf(xn, dn[r], c * (en[r] + dn[r]));
         lo[r] = (double)a[r] - e; up[r] = (double)a[r] + e;
     }
 }
@@ -635,9 +618,10 @@ static void q8i_region(void* p, int tid, int nth) {
 }
 
 // y [M, N] from x [M, K] (fp32) against the int8 table [N][Kp]; also returns dx[m] = ||x_m - dequantized xq_m||.
-// bounds (M = 1 only; NULL: none): a job whose dn, en, lo, up, V and xn are set; its c (head_c) is set here from dx.
+// bounds (M = 1 only; NULL: none): a job whose dn, en, lo, up, V and xn are set, and whose c (head_argmax's
+// d + slack (||x|| + d), d = dx[0]) is set here from `slack`.
 static void q8i_run(const float* x, int M, int K, int N, const int8_t* w, const float* s, float* y, float* dx, void* team,
-                    const q8_job* bounds) {
+                    const q8_job* bounds, float slack) {
     const int Kp = (K + 63) / 64 * 64;
     int16_t* xq = (int16_t*)_mm_malloc((size_t)4 * Kp * sizeof(int16_t), 32); float xs[4];
     for (int m0 = 0; m0 < M; m0 += 4) {
@@ -651,7 +635,7 @@ static void q8i_run(const float* x, int M, int K, int N, const int8_t* w, const 
         q8_job j = {xq, xs, mm, Kp, N, w, s, y + (size_t)m0 * N};
         if (bounds) {
             j.dn = bounds->dn; j.en = bounds->en; j.lo = bounds->lo; j.up = bounds->up; j.V = bounds->V;
-            j.xn = bounds->xn; j.c = head_c(K, bounds->xn, dx[0]);
+            j.xn = bounds->xn; j.c = dx[0] + slack * (bounds->xn + dx[0]);
         }
         team_run((team_t*)team, q8i_region, &j);
     }
@@ -659,7 +643,7 @@ static void q8i_run(const float* x, int M, int K, int N, const int8_t* w, const 
 }
 
 void q8i_gemm(const float* x, int M, int K, int N, const int8_t* w, const float* s, float* y, float* dx, void* team) {
-    q8i_run(x, M, K, N, w, s, y, dx, team, NULL);
+    q8i_run(x, M, K, N, w, s, y, dx, team, NULL, 0);
 }
 
 static float dotK(const float* a, const float* b, int K) {
@@ -703,29 +687,36 @@ void head_argmax(const float* x, int M, int K, int V, int Vp, const int8_t* wi, 
                  const float* en, const float* E, float* a, int* cand, int max_cand, int* out_tok, int* ncand, void* team) {
     float dx[M];
     q8i_gemm(x, M, K, Vp, wi, s, a, dx, team);
+    const double ck = (K / 8 + K / 16 + 8) * 2.0 * 5.97e-8;  // 2 * (lanes' sequential terms) * 2^-24
+    const float slack = (float)(ck > 1e-5 ? ck : 1e-5);
     for (int m = 0; m < M; m++) {
         const float* xm = x + (size_t)m * K; const float* am = a + (size_t)m * Vp; int* cm = cand + (size_t)m * V;
+        double ss = 0; for (int i = 0; i < K; i++) ss += (double)xm[i] * xm[i];
         // a_r = xhat . Ehat_r, so x . E_r - a_r = x . (E_r - Ehat_r) + (x - xhat) . Ehat_r (+ float rounding):
         // |.| <= ||x|| d_r + ||x - xhat|| (||E_r|| + d_r) + slack (||x|| + ||x - xhat||) (||E_r|| + d_r).
-        const float xn = head_xn(xm, K), c = head_c(K, xn, dx[m]);
-        const __m256 vxn = _mm256_set1_ps(xn), vc = _mm256_set1_ps(c);
+        const float xn = (float)sqrt(ss) * 1.000001f, d = dx[m], xs = slack * (xn + d);
+        const float c = d + xs; const __m256 vxn = _mm256_set1_ps(xn), vc = _mm256_set1_ps(c);
         float lo = -INFINITY; int r = 0;
         {   // lo = max_r (a_r - e_r), 8 rows at a time
             __m256 vlo = _mm256_set1_ps(-INFINITY);
-            for (; r + 8 <= V; r += 8)
-                vlo = _mm256_max_ps(vlo, _mm256_sub_ps(_mm256_loadu_ps(am + r), head_e8(vxn, vc, dn + r, en + r)));
+            for (; r + 8 <= V; r += 8) {
+                __m256 dv = _mm256_loadu_ps(dn + r);
+                __m256 e = _mm256_fmadd_ps(vxn, dv, _mm256_mul_ps(vc, _mm256_add_ps(_mm256_loadu_ps(en + r), dv)));
+                vlo = _mm256_max_ps(vlo, _mm256_sub_ps(_mm256_loadu_ps(am + r), e));
+            }
             float t[8]; _mm256_storeu_ps(t, vlo); for (int i = 0; i < 8; i++) if (t[i] > lo) lo = t[i];
-            for (; r < V; r++) { const float e = head_e(xn, c, dn[r], en[r]); if (am[r] - e > lo) lo = am[r] - e; }
+            for (; r < V; r++) { float e = xn * dn[r] + c * (en[r] + dn[r]); if (am[r] - e > lo) lo = am[r] - e; }
         }
         int n = 0; r = 0;
         {   // candidates: a_r + e_r >= lo, in ascending order
             const __m256 vl = _mm256_set1_ps(lo);
             for (; r + 8 <= V; r += 8) {
-                const __m256 e = head_e8(vxn, vc, dn + r, en + r);
+                __m256 dv = _mm256_loadu_ps(dn + r);
+                __m256 e = _mm256_fmadd_ps(vxn, dv, _mm256_mul_ps(vc, _mm256_add_ps(_mm256_loadu_ps(en + r), dv)));
                 int bits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_add_ps(_mm256_loadu_ps(am + r), e), vl, _CMP_GE_OQ));
                 while (bits) { cm[n++] = r + __builtin_ctz(bits); bits &= bits - 1; }
             }
-            for (; r < V; r++) { const float e = head_e(xn, c, dn[r], en[r]); if (am[r] + e >= lo) cm[n++] = r; }
+            for (; r < V; r++) { float e = xn * dn[r] + c * (en[r] + dn[r]); if (am[r] + e >= lo) cm[n++] = r; }
         }
         int best = 0; float bv = -INFINITY;
         if (n <= max_cand) {
@@ -743,10 +734,13 @@ void head_argmax(const float* x, int M, int K, int V, int Vp, const int8_t* wi, 
 // computed the same way; a [Vp] is scratch. What sampling draws from (tasks/engines/sampling.py:draw_bounded).
 void head_bounds(const float* x, int K, int V, int Vp, const int8_t* wi, const float* s, const float* dn,
                  const float* en, float* a, double* lo, double* up, void* team) {
+    const double ck = (K / 8 + K / 16 + 8) * 2.0 * 5.97e-8;
+    const float slack = (float)(ck > 1e-5 ? ck : 1e-5);
+    double ss = 0; for (int i = 0; i < K; i++) ss += (double)x[i] * x[i];
     q8_job bounds = {0};
-    bounds.dn = dn; bounds.en = en; bounds.lo = lo; bounds.up = up; bounds.V = V; bounds.xn = head_xn(x, K);
+    bounds.dn = dn; bounds.en = en; bounds.lo = lo; bounds.up = up; bounds.V = V; bounds.xn = (float)sqrt(ss) * 1.000001f;
     float dx[1];
-    q8i_run(x, 1, K, Vp, wi, s, a, dx, team, &bounds);  // the bounds in the gemm's own region (bound_rows)
+    q8i_run(x, 1, K, Vp, wi, s, a, dx, team, &bounds, slack);  // the bounds in the gemm's own region (bound_rows)
 }
 
 // ---------------------------------------------------------------------------------------------- vector exp

@@ -901,9 +901,16 @@ def test_sample_bounded_top_k_draws_the_token_the_whole_head_draws(name: str) ->
     """q4.c's top_k rescores its candidates in descending upper bound and stops once the k-th logit found lies above
     every row left: token for token, from the same uniforms, the draw `Sampler.choose` makes over the whole head, on
     300 steps of tied logits (Python's draw_bounded is held to the same in test_sampling.py)."""
-    from tests.tasks.engines.test_sampling import tied_steps
+    from tasks.engines.sampling import Sampler
+    from tests.tasks.engines.test_sampling import TOP_K_SETTINGS, tied_logits_and_bounds
 
-    for step, logits, lo, up, bounded, whole in tied_steps(name):
+    params, counts = TOP_K_SETTINGS[name]
+    bounded, whole = Sampler(params), Sampler(params)
+    for step in range(300):
+        logits, lo, up = tied_logits_and_bounds(step)
+        for s in (bounded, whole):
+            s.output_counts = Counter(counts)
+            s.seen = set(counts) if params.repetition_penalty != 1 else set()
         tok = _CHead(logits.astype(np.float32)).sample(bounded, lo, up)  # takes SAMPLE_UNIFORMS, draws with the first
         want = int(whole.choose(np.arange(len(logits)), logits))
         whole.uniforms(cpu_native.SAMPLE_UNIFORMS - 1)
@@ -911,16 +918,20 @@ def test_sample_bounded_top_k_draws_the_token_the_whole_head_draws(name: str) ->
 
 
 def test_sample_bounded_top_k_stops_rescoring_once_the_top_k_is_known() -> None:
-    """Of the rows whose upper bound reaches the 40th lower bound, q4.c rescores about half (one at a time, so no
-    more than the top k needs)."""
-    from tasks.engines.sampling import Sampler, SamplingParams
-    from tests.tasks.engines.test_sampling import wide_steps
+    """Bounds up to 2.1 logits wide on each side (the demo student's int8 head): of the rows whose upper bound reaches
+    the 40th lower bound, q4.c rescores about half (one at a time, so no more than the top k needs)."""
+    from tasks.engines.sampling import Sampler, SamplingParams, _top_k_rows, numpy_universe
+    from tests.tasks.engines.test_sampling import BIG_V
 
-    sampler, candidates, stats = Sampler(SamplingParams(temperature=0.8, top_k=40, seed=1)), 0, np.zeros(2, np.int64)
-    for logits, lo, up, n in wide_steps():
-        candidates += n
+    params = SamplingParams(temperature=0.8, top_k=40, seed=1)
+    sampler, candidates, stats = Sampler(params), 0, np.zeros(2, np.int64)
+    for step in range(50):
+        rng = np.random.default_rng(step)
+        logits = rng.normal(0, 2.5, BIG_V).astype(np.float32)
+        lo, up = logits - rng.uniform(0, 2.1, BIG_V), logits + rng.uniform(0, 2.1, BIG_V)
+        candidates += len(_top_k_rows(lo, up, params.top_k, numpy_universe(up, params.temperature, False)))
         sampler.output_counts = Counter()
-        assert _CHead(logits.astype(np.float32)).sample(sampler, lo, up, stats=stats) >= 0
+        assert _CHead(logits).sample(sampler, lo, up, stats=stats) >= 0
     assert stats[0] < 0.6 * candidates
 
 

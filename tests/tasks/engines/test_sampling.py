@@ -255,35 +255,13 @@ TOP_K_SETTINGS = {
 }
 
 
-def tied_steps(name: str, n: int = 300):
-    """n steps of TOP_K_SETTINGS[name] for a bounded draw against the whole head's: (step, logits, lo, up, bounded,
-    whole), two samplers of the setting's seed with the request's counts reset before each step. The logits lie on a
-    0.5 grid (many ties at the k-th place), with bounds exact on half the rows and up to 2.0 wide on the others: a row
-    left unrescored can have its upper bound equal to the k-th logit found and a lower id."""
-    params, counts = TOP_K_SETTINGS[name]
-    bounded, whole = Sampler(params), Sampler(params)
-    for step in range(n):
-        rng = np.random.default_rng(1000 + step)
-        logits = np.round(rng.normal(0, 2.5, BIG_V) * 2) / 2
-        loose = rng.random(BIG_V) < 0.5
-        for s in (bounded, whole):
-            s.output_counts = Counter(counts)
-            s.seen = set(counts) if params.repetition_penalty != 1 else set()
-        yield (step, logits, logits - loose * rng.uniform(0, 2.0, BIG_V), logits + loose * rng.uniform(0, 2.0, BIG_V),
-               bounded, whole)
-
-
-def wide_steps(n: int = 50):
-    """n steps of logits with bounds up to 2.1 logits wide on each side (the demo student's int8 head), and the
-    number of top_k 40's candidates at temperature 0.8 (the rows whose upper bound reaches the 40th lower bound):
-    (logits, lo, up, candidates)."""
-    from tasks.engines.sampling import _top_k_rows, numpy_universe
-
-    for step in range(n):
-        rng = np.random.default_rng(step)
-        logits = rng.normal(0, 2.5, BIG_V).astype(np.float32).astype(np.float64)  # a float32 head holds them exactly
-        lo, up = logits - rng.uniform(0, 2.1, BIG_V), logits + rng.uniform(0, 2.1, BIG_V)
-        yield logits, lo, up, len(_top_k_rows(lo, up, 40, numpy_universe(up, 0.8, False)))
+def tied_logits_and_bounds(step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Logits on a 0.5 grid (many ties at the k-th place) with bounds exact on half the rows and up to 2.0 wide on
+    the others: a row left unrescored can have its upper bound equal to the k-th logit found and a lower id."""
+    rng = np.random.default_rng(1000 + step)
+    logits = np.round(rng.normal(0, 2.5, BIG_V) * 2) / 2
+    loose = rng.random(BIG_V) < 0.5
+    return logits, logits - loose * rng.uniform(0, 2.0, BIG_V), logits + loose * rng.uniform(0, 2.0, BIG_V)
 
 
 @pytest.mark.parametrize("name", list(TOP_K_SETTINGS))
@@ -291,17 +269,29 @@ def test_bounded_top_k_draws_the_token_the_whole_head_draws(name: str) -> None:
     """top_k rescores its candidates in descending upper bound and stops once the k-th logit found lies above every
     row left. Token for token from the same seed, that is the draw `choose` makes over the whole head, on 300 steps of
     tied logits."""
-    for step, logits, lo, up, bounded, whole in tied_steps(name):
+    params, counts = TOP_K_SETTINGS[name]
+    bounded, whole = Sampler(params), Sampler(params)
+    for step in range(300):
+        logits, lo, up = tied_logits_and_bounds(step)
+        for s in (bounded, whole):
+            s.output_counts = Counter(counts)
+            s.seen = set(counts) if params.repetition_penalty != 1 else set()
         tok = bounded.draw_bounded(lo, up, lambda ids: logits[ids], 10**6)
         assert tok is not None and int(tok) == int(whole.choose(np.arange(BIG_V), logits)), f"step {step}"
 
 
 def test_bounded_top_k_stops_rescoring_once_the_top_k_is_known() -> None:
-    """Of the rows whose upper bound reaches the 40th lower bound, about half need rescoring (the rows above the 40th
-    logit, in descending upper bound)."""
-    s, candidates = Sampler(SamplingParams(temperature=0.8, top_k=40, seed=1)), 0
-    for logits, lo, up, n in wide_steps():
-        candidates += n
+    """Bounds up to 2.1 logits wide on each side (the demo student's int8 head): of the rows whose upper bound reaches
+    the 40th lower bound, about half need rescoring (the rows above the 40th logit, in descending upper bound)."""
+    from tasks.engines.sampling import _top_k_rows, numpy_universe
+
+    params = SamplingParams(temperature=0.8, top_k=40, seed=1)
+    s, candidates = Sampler(params), 0
+    for step in range(50):
+        rng = np.random.default_rng(step)
+        logits = rng.normal(0, 2.5, BIG_V)
+        lo, up = logits - rng.uniform(0, 2.1, BIG_V), logits + rng.uniform(0, 2.1, BIG_V)
+        candidates += len(_top_k_rows(lo, up, params.top_k, numpy_universe(up, params.temperature, False)))
         s.output_counts = Counter()
         assert s.draw_bounded(lo, up, lambda ids: logits[ids], 10**6) is not None
     assert s.rescored < 0.7 * candidates
