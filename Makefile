@@ -31,10 +31,22 @@ UV := $(VENV)/bin/uv
 PIP_LINKS = $(strip $(PIP_FIND_LINKS) $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 UV_LINKS = $(foreach d,$(sort $(PIP_LINKS)),--find-links $(d))
 
+# Bytecode is compiled once, at install (COMPILE). uv, unlike pip, leaves it to each module's first import, and where
+# PYTHONDONTWRITEBYTECODE=1 is set (these machines set it, as many container images do) no process ever writes it:
+# every process compiled every module it imported, every time. On the 2-core AVX2-only AMD EPYC, `import prefect`
+# took 2.8-3.3 s that way and 1.5-2.2 s with bytecode, `from transformers import AutoTokenizer` 17.4 s against 10.7 s,
+# `import mlflow` 5.6 against 2.3 s, and every stage process pays several of these (BENCHMARKS.md, #stage-fixed-costs).
+# Compiling site-packages and the project's packages takes about a minute there; modules already compiled are skipped.
+# compileall exits 1 for the few vendored files written for newer Pythons (e.g. torch's py312_intrinsics.py), which
+# this interpreter never imports: its status is not the install's.
+SITE_PACKAGES = $(VENV)/lib/python3.*/site-packages
+COMPILE = $(PY) -m compileall -q -j 0 $(SITE_PACKAGES) tasks flows serving scripts >/dev/null 2>&1 || true
+
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv==0.13.9
 	$(UV) pip install -q --python $(PY) $(UV_LINKS) torch==2.13.0 -e '.[demo]'
+	$(COMPILE)
 	touch $@
 
 # llama-cpp-python's wheel, built once per machine and build options into edgeflow's wheel cache: uv re-downloads
@@ -46,6 +58,7 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
 	  CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip wheel -q --no-deps "$(LLAMA_CPP_PIN)" -w $(LLAMA_WHEELS)
 	$(UV) pip install -q --python $(PY) --find-links $(LLAMA_WHEELS) -e '.[test]'
+	$(COMPILE)
 	touch $@
 
 venv: $(VENV)/.installed
@@ -84,8 +97,10 @@ TEST_RESULTS := .edgeflow/test-results
 PYTEST = EDGEFLOW_TORCH_THREADS=$${EDGEFLOW_TORCH_THREADS:-$(TEST_TORCH_THREADS)} \
 	$(PY) -m pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 	--junitxml=$(TEST_RESULTS)/junit.xml
+# `rotated`: the share of the `extended` tests that EDGEFLOW_EXTENDED_SHARE names (tests/rotation.py; .ci/run sets it,
+# so each extended test runs in CI at least every third run); unset, `make test` leaves every extended test out.
 test: $(VENV)/.installed-test
-	$(PYTEST) -m "not extended" $(PYTEST_ARGS)
+	$(PYTEST) -m "not extended or rotated" $(PYTEST_ARGS)
 
 test-all: $(VENV)/.installed-test
 	$(PYTEST) $(PYTEST_ARGS)

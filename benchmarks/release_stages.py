@@ -1,28 +1,127 @@
-"""Per-stage wall time and peak RSS of a release (from its MLflow stage runs), and the edge server's RSS.
+"""Where a release's time goes, stage by stage, from the release's own timestamps (Prefect's and MLflow's).
 
+    python benchmarks/release_stages.py --flow-run <release flow run id>      (services' environment: `services.py env`)
     python benchmarks/release_stages.py reports/<release_id>.json [--server-pidfile .edgeflow/run/edge-server.pid]
+
+For every stage of the release, in the order it ran, one row of seconds:
+
+- `queued`: the stage's flow run created → a worker took it (Scheduled → Pending); inline stages have none;
+- `start`: the worker took it → the flow began (Pending → Running): the stage process starting, its imports,
+  the pull step;
+- `prep`: the flow began → the stage's MLflow run opened: the stage's own imports, the profile, fetching inputs;
+- `work`: the stage's MLflow run (`stage_wall_s`): the computation with its uploads and MLflow calls;
+- `close`: the MLflow run's end → the flow run's end (result persisted, state set);
+- `handoff`: this stage's end → the next stage's flow run created (the release noticing, then submitting).
+
+A stage whose task was a cache hit has no MLflow run of this release: its `work` is empty and its time is `prep`.
+The release's own first and last seconds (opening the parent run, publishing the profile's files, the report) are
+the rows `open` and `report`. The sums say how much of the release is the stages' work and how much fixed cost.
 """
 from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
-
-import psutil
-from mlflow import MlflowClient
-
 import sys
+from datetime import datetime
+from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tasks.runs import tracking_uri  # noqa: E402
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("report")
-    ap.add_argument("--server-pidfile", default=".edgeflow/run/edge-server.pid")
-    a = ap.parse_args()
-    report = json.loads(Path(a.report).read_text())
+def _s(a: datetime | None, b: datetime | None) -> float | None:
+    return None if a is None or b is None else (b - a).total_seconds()
+
+
+def _fmt(v: float | None) -> str:
+    return "" if v is None else f"{v:.1f}"
+
+
+def flow_runs(release_flow_run_id: str) -> tuple[object, list[tuple[object, str, list]]]:
+    """The release's flow run, and each stage's subflow run with its flow's name and state history, in start order."""
+    import asyncio
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    async def read():
+        async with get_client() as client:
+            top = await client.read_flow_run(UUID(release_flow_run_id))
+            # a pool-placed stage is a subflow of the release (run_deployment(as_subflow=True))
+            subs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[top.id])))
+            out = []
+            for r in subs:
+                flow = await client.read_flow(r.flow_id)
+                out.append((r, flow.name, await client.read_flow_run_states(r.id)))
+            return top, out
+
+    top, subs = asyncio.run(read())
+    return top, sorted(subs, key=lambda x: x[0].created)
+
+
+def first_state(states: list, type_name: str) -> datetime | None:
+    at = [s.timestamp for s in states if s.type.value == type_name]
+    return min(at) if at else None
+
+
+def breakdown(release_flow_run_id: str) -> list[dict]:
+    from mlflow import MlflowClient
+
+    top, subs = flow_runs(release_flow_run_id)
+    c = MlflowClient(tracking_uri())
+    parent = c.search_runs([e.experiment_id for e in c.search_experiments()],
+                           f"tags.`edgeflow.prefect_flow_run_id` = '{release_flow_run_id}'", max_results=1)
+    mlruns: dict[str, list] = {}  # stage flow run -> its MLflow runs (a mapped stage has one per variant)
+    if parent:
+        p = parent[0]
+        for r in c.search_runs([p.info.experiment_id], f"tags.mlflow.parentRunId = '{p.info.run_id}'"):
+            mlruns.setdefault(r.data.tags.get("edgeflow.stage_flow_run_id") or r.info.run_id, []).append(r)
+    rows = []
+    for r, flow_name, states in subs:
+        stage = next((t.split(":", 1)[1] for t in r.tags if t.startswith("edgeflow.stage:")), flow_name)
+        pending, running = first_state(states, "PENDING"), first_state(states, "RUNNING")
+        ml = mlruns.get(str(r.id))
+        tz = running.tzinfo if running else None
+        ml_start = datetime.fromtimestamp(min(m.info.start_time for m in ml) / 1000, tz=tz) if ml and running else None
+        ends = [m.info.end_time for m in ml or () if m.info.end_time]
+        ml_end = datetime.fromtimestamp(max(ends) / 1000, tz=tz) if ml and ends and running else None
+        rows.append({
+            "stage": stage, "created": r.created, "end": r.end_time,
+            "queued": _s(r.created, pending), "start": _s(pending, running),
+            "prep": _s(running, ml_start) if ml else _s(running, r.end_time),
+            "work": _s(ml_start, ml_end), "close": _s(ml_end, r.end_time) if ml else None,
+            "total": _s(r.created, r.end_time),
+        })
+    for i, row in enumerate(rows):
+        nxt = rows[i + 1]["created"] if i + 1 < len(rows) else top.end_time
+        row["handoff"] = _s(row["end"], nxt)
+    head = {"stage": "open", "total": _s(top.start_time, rows[0]["created"]) if rows else None}
+    return [head, *rows, {"stage": "(release)", "total": _s(top.created, top.end_time),
+                          "start": _s(top.created, top.start_time)}]
+
+
+def print_breakdown(rows: list[dict]) -> None:
+    cols = ("queued", "start", "prep", "work", "close", "handoff", "total")
+    print("| stage | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols))
+    sums = dict.fromkeys(cols, 0.0)
+    for row in rows:
+        print(f"| {row['stage']} | " + " | ".join(_fmt(row.get(k)) for k in cols) + " |")
+        if row["stage"] not in ("open", "(release)"):
+            for k in cols:
+                sums[k] += row.get(k) or 0.0
+    print("| (sum of stages) | " + " | ".join(_fmt(sums[k]) for k in cols) + " |")
+    fixed = sums["queued"] + sums["start"] + sums["prep"] + sums["close"] + sums["handoff"]
+    print(f"\nstages' work {sums['work']:.1f} s; fixed cost around it {fixed:.1f} s")
+
+
+def from_report(report_path: str, pidfile: str) -> None:
+    """The older view: wall time and peak RSS per stage from the MLflow stage runs, and the edge server's RSS."""
+    import psutil
+    from mlflow import MlflowClient
+
+    report = json.loads(Path(report_path).read_text())
     c = MlflowClient(tracking_uri())
     parent = c.get_run(report["mlflow_parent_run_id"])
     runs = c.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
@@ -33,11 +132,30 @@ def main() -> None:
         total += m.get("stage_wall_s", 0.0)
         print(f"| {r.data.tags.get('edgeflow.stage')} | {m.get('stage_wall_s', float('nan')):.1f} | {m.get('stage_peak_rss_mb', float('nan')):.0f} |")
     print(f"| (sum of stages) | {total:.1f} | |")
-    pf = Path(a.server_pidfile)
+    pf = Path(pidfile)
     if pf.exists():
         pid = int(pf.read_text().split()[0])
         rss = sum(p.memory_info().rss for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)])
         print(f"\nedge server pid {pid}: RSS {rss / 2**20:.0f} MB")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("report", nargs="?", help="reports/<release_id>.json: wall time and peak RSS per stage")
+    ap.add_argument("--flow-run", help="the release's Prefect flow run id: where each stage's time went")
+    ap.add_argument("--json", action="store_true", help="with --flow-run: the rows as JSON")
+    ap.add_argument("--server-pidfile", default=".edgeflow/run/edge-server.pid")
+    a = ap.parse_args()
+    if a.flow_run:
+        rows = breakdown(a.flow_run)
+        if a.json:
+            print(json.dumps(rows, default=str, indent=1))
+        else:
+            print_breakdown(rows)
+    elif a.report:
+        from_report(a.report, a.server_pidfile)
+    else:
+        ap.error("give a report or --flow-run")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,17 @@ def pytest_configure(config) -> None:
     Path(xml).with_name("machine.json").write_text(json.dumps(facts, indent=1) + "\n")
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the `rotated` marker must be on the items by then
 def pytest_collection_modifyitems(config, items) -> None:
+    from tests.rotation import rotated, share_from_env
+
+    try:
+        share = rotated(share_from_env())
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+    for item in items:  # this run's share of the `extended` tests (tests/rotation.py): `make test` keeps `rotated`
+        if item.nodeid.split("[", 1)[0] in share:
+            item.add_marker(pytest.mark.rotated)
     rank = {path: i for i, path in enumerate(RUN_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(RUN_FIRST)))  # stable: file order otherwise
 
