@@ -14,8 +14,10 @@ For every stage of the release, in the order it ran, one row of seconds:
 - `handoff`: this stage's end → the next stage's flow run created (the release noticing, then submitting).
 
 A stage whose task was a cache hit has no MLflow run of this release: its `work` is empty and its time is `prep`.
-The release's own first and last seconds (opening the parent run, publishing the profile's files, the report) are
-the rows `open` and `report`. The sums say how much of the release is the stages' work and how much fixed cost.
+The row `open` is the release's first seconds (its MLflow run, the profile's files published); the last stage's
+`handoff` holds its report; `(release)` is the whole flow run, with its own process start. The sums say how much of
+the release is the stages' work and how much fixed cost. Not split out here: MLflow calls and bytes, and hashing,
+which fall in `prep` and `work`.
 """
 from __future__ import annotations
 
