@@ -16,8 +16,8 @@ from pathlib import Path
 SHARES = 3
 ENV = "EDGEFLOW_EXTENDED_SHARE"
 
-# share -> the extended tests it runs (file::name); the seconds are each test's in the measured full run
-# (docs/development/tests.md), so each share adds about the same to a CI run (505 / 516 / 584 s there).
+# share -> the extended tests it runs (file::name), of about equal cost: on the AVX2-only EPYC each share added 280-460
+# test-seconds, over 1-2 of the two end-to-end files, and `.ci/run` stayed near 37 minutes (BENCHMARKS.md #ci-bytecode).
 ROTATION: dict[int, tuple[str, ...]] = {
     0: (
         "tests/flows/test_release_e2e.py::test_retry_in_the_prefect_ui_resumes_a_failed_release_without_recomputing",
