@@ -49,7 +49,7 @@ def share_from_env() -> int | None:
 
 def rotated(share: int | None) -> frozenset[str]:
     """The test ids (file::name, no parameters) share `share` runs; none without a share."""
-    return frozenset(ROTATION.get(share, ())) if share is not None else frozenset()
+    return frozenset(ROTATION.get(share, ()))
 
 
 def ci_share(counter: Path) -> int:

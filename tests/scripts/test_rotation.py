@@ -33,10 +33,15 @@ def test_every_extended_test_is_in_exactly_one_share():
     assert f'-m "{MAKE_TEST_MARKERS}"' in (REPO / "Makefile").read_text()
 
 
-def _collected(share: str | None, *files: str) -> set[str]:
+def _collect(share: str | None, *args: str) -> subprocess.CompletedProcess:
+    """pytest --collect-only in its own process, with EDGEFLOW_EXTENDED_SHARE set to `share` (unset for None)."""
     env = {k: v for k, v in os.environ.items() if k != ENV} | ({ENV: share} if share is not None else {})
-    run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0",
-                          "-m", MAKE_TEST_MARKERS, *files], cwd=REPO, env=env, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0", *args],
+                          cwd=REPO, env=env, capture_output=True, text=True)
+
+
+def _collected(share: str | None, *files: str) -> set[str]:
+    run = _collect(share, "-m", MAKE_TEST_MARKERS, *files)
     assert run.returncode in (0, 5), run.stdout[-2000:] + run.stderr[-2000:]
     return {line.split("[", 1)[0] for line in run.stdout.splitlines() if "::test_" in line}
 
@@ -52,9 +57,7 @@ def test_make_test_keeps_its_share_of_the_extended_tests_and_leaves_the_others_o
 
 
 def test_a_share_out_of_range_is_refused_naming_the_variable():
-    env = os.environ | {ENV: "3"}
-    run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0",
-                          "tests/scripts/test_rotation.py"], cwd=REPO, env=env, capture_output=True, text=True)
+    run = _collect("3", "tests/scripts/test_rotation.py")
     assert run.returncode != 0 and f"{ENV}='3'" in run.stdout + run.stderr and "0 to 2" in run.stdout + run.stderr
 
 
