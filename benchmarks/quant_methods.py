@@ -35,7 +35,8 @@ from tasks.evaluation.gate import tokenize  # noqa: E402
 from tasks.evaluation.reference import HFScorer  # noqa: E402
 from tasks.evaluation.metrics import Accumulator, log_softmax  # noqa: E402
 from tasks.model_source import teacher_dir  # noqa: E402
-from tasks.quantize import load_recipe, quantize  # noqa: E402
+from tasks.quantize import quantize  # noqa: E402
+from tasks.recipe import load_recipe  # noqa: E402
 from tasks.textdata import load_texts  # noqa: E402
 
 RECIPES = REPO_ROOT / "deployments" / "recipes"

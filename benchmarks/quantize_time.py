@@ -35,7 +35,8 @@ import torch  # noqa: E402
 from tasks.config import REPO_ROOT, load_profile  # noqa: E402
 from tasks.distill.student import keep_layers  # noqa: E402
 from tasks.model_source import teacher_dir  # noqa: E402
-from tasks.quantize import load_recipe, quantize  # noqa: E402
+from tasks.quantize import quantize  # noqa: E402
+from tasks.recipe import load_recipe  # noqa: E402
 
 DROPPED = range(12, 18)
 SAMPLES = 64  # calibration sequences generated; a run uses the first n

@@ -13,7 +13,9 @@ For every stage of the release, in the order it ran, one row of seconds:
 - `close`: the MLflow run's end → the flow run's end (result persisted, state set);
 - `handoff`: this stage's end → the next stage's flow run created (the release noticing, then submitting).
 
-A stage whose task was a cache hit has no MLflow run of this release: its `work` is empty and its time is `prep`.
+A stage whose task was a cache hit has no MLflow run of this release: its `work` is empty and its time is `prep`. A
+pool-placed stage the release found cached without submitting it (flows/stages.py) is the row `<stage> (look-up)`:
+the look-up's task run in the release's process, all `prep`.
 The row `open` is the release's first seconds (its MLflow run, the profile's files published); the last stage's
 `handoff` holds its report; `(release)` is the whole flow run, with its own process start. The sums say how much of
 the release is the stages' work and how much fixed cost. Not split out here: MLflow calls and bytes, and hashing,
@@ -40,12 +42,13 @@ def _fmt(v: float | None) -> str:
 
 
 def flow_runs(release_flow_run_id: str) -> tuple[object, list[tuple[object, str, list]]]:
-    """The release's flow run, and each stage's subflow run with its flow's name and state history, in start order."""
+    """The release's flow run; each stage's subflow run with its flow's name and state history, in start order; and
+    the release's stage look-ups (task runs)."""
     import asyncio
     from uuid import UUID
 
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
 
     async def read():
         async with get_client() as client:
@@ -57,10 +60,15 @@ def flow_runs(release_flow_run_id: str) -> tuple[object, list[tuple[object, str,
             for r in subs:
                 flow = await client.read_flow(r.flow_id)
                 out.append((r, flow.name, await client.read_flow_run_states(r.id)))
-            return top, out
+            tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[top.id])))
+            return top, out, [t for t in tasks if t.name.endswith(LOOK_UP)]
 
-    top, subs = asyncio.run(read())
-    return top, sorted(subs, key=lambda x: x[0].created)
+    top, subs, look_ups = asyncio.run(read())
+    return top, sorted(subs, key=lambda x: x[0].created), look_ups
+
+
+# The release's look-up of a stage it may not need to submit (flows/stages.py run_stage): a task run of the release.
+LOOK_UP = ": cache look-up"
 
 
 def first_state(states: list, type_name: str) -> datetime | None:
@@ -71,7 +79,7 @@ def first_state(states: list, type_name: str) -> datetime | None:
 def breakdown(release_flow_run_id: str) -> list[dict]:
     from mlflow import MlflowClient
 
-    top, subs = flow_runs(release_flow_run_id)
+    top, subs, look_ups = flow_runs(release_flow_run_id)
     c = MlflowClient(tracking_uri())
     parent = c.search_runs([e.experiment_id for e in c.search_experiments()],
                            f"tags.`edgeflow.prefect_flow_run_id` = '{release_flow_run_id}'", max_results=1)
@@ -96,6 +104,10 @@ def breakdown(release_flow_run_id: str) -> list[dict]:
             "work": _s(ml_start, ml_end), "close": _s(ml_end, r.end_time) if ml else None,
             "total": _s(r.created, r.end_time),
         })
+    for t in look_ups:  # a stage found cached: its whole time is the look-up, in the release's process
+        rows.append({"stage": f"{t.name.removesuffix(LOOK_UP)} (look-up)", "created": t.start_time, "end": t.end_time,
+                     "prep": _s(t.start_time, t.end_time), "total": _s(t.start_time, t.end_time)})
+    rows.sort(key=lambda row: row["created"])
     for i, row in enumerate(rows):
         nxt = rows[i + 1]["created"] if i + 1 < len(rows) else top.end_time
         row["handoff"] = _s(row["end"], nxt)

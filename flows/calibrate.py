@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from prefect import flow, task
 
-from flows.stages import Call, enter_stage
+from flows.stages import Call, StageCalls, enter_stage
 from tasks.artifacts import ArtifactRef, sha256_json
 from tasks.config import CalibrationConfig
 from tasks.runs import ReleaseContext, content_key, stage_run
@@ -58,6 +58,11 @@ def calibration_call(ctx: ReleaseContext, student: ArtifactRef, attempt: int = 0
     eval_sets = {d: ctx.input(path) for d, path in p.gate.eval_sources.items()}
     return Call(build_calibration, (student, p.calibration.for_attempt(attempt), sources, eval_sets, p.gate.num_prompts,
                                     ctx, attempt), run_name(attempt))
+
+
+def stage_calls(ctx: ReleaseContext, student: ArtifactRef, attempt: int = 0) -> StageCalls:
+    """The stage's calls, for the release to look up before it submits the stage (flows/stages.py run_stage)."""
+    return StageCalls([calibration_call(ctx, student, attempt)], many=False)
 
 
 @flow(name="calibrate", log_prints=True)

@@ -10,11 +10,11 @@ from __future__ import annotations
 from prefect import task
 from prefect.runtime import flow_run
 
+from flows import calibrate as calibrate_stage
+from flows import consistency as consistency_stage
+from flows import gate_reference as gate_reference_stage
+from flows import quantize as quantize_stage
 from flows.build_engine import build_engine
-from flows.calibrate import calibrate
-from flows.consistency import consistency
-from flows.gate_reference import gate_reference
-from flows.quantize import quantize
 from flows.stages import run_stage
 from tasks.artifacts import ArtifactRef
 from tasks.runs import ReleaseContext, open_release_run
@@ -65,14 +65,18 @@ def quantize_and_gate(ctx: ReleaseContext, student: ArtifactRef) -> tuple[Artifa
     """
     attempts = []
     for attempt in range(ctx.resolved().gate.recalibration_attempts + 1):
-        calibration = run_stage(ctx, "calibrate", calibrate, student=student, attempt=attempt)
-        quantized = run_stage(ctx, "quantize", quantize, student=student, calibration=calibration, attempt=attempt)
+        # `calls`: the stages the release can look up before submitting them; distill and build_engine key on what
+        # their own host resolves (the teacher, the builder), so only their host can say whether they are cached.
+        calibration = run_stage(ctx, "calibrate", calibrate_stage.calibrate, calls=calibrate_stage.stage_calls,
+                                student=student, attempt=attempt)
+        quantized = run_stage(ctx, "quantize", quantize_stage.quantize, calls=quantize_stage.stage_calls,
+                              student=student, calibration=calibration, attempt=attempt)
         checkpoints = [student, *quantized]
         engines = run_stage(ctx, "build_engine", build_engine, checkpoints=checkpoints)
-        reference = run_stage(ctx, "gate_reference", gate_reference, student=student, calibration=calibration,
-                              checkpoints=checkpoints, attempt=attempt)
-        gate_report = run_stage(ctx, "consistency", consistency, reference=reference, checkpoints=checkpoints,
-                                engines=engines, attempt=attempt)
+        reference = run_stage(ctx, "gate_reference", gate_reference_stage.gate_reference, calls=gate_reference_stage.stage_calls,
+                              student=student, calibration=calibration, checkpoints=checkpoints, attempt=attempt)
+        gate_report = run_stage(ctx, "consistency", consistency_stage.consistency, calls=consistency_stage.stage_calls,
+                                reference=reference, checkpoints=checkpoints, engines=engines, attempt=attempt)
         attempts.append(summarize_attempt(gate_report))
         if attempts[-1]["passed"]:
             break

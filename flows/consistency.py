@@ -12,7 +12,7 @@ from pathlib import Path
 
 from prefect import flow, task
 
-from flows.stages import Call, enter_stage
+from flows.stages import Call, StageCalls, enter_stage
 from tasks.artifacts import ArtifactRef
 from tasks.config import GateConfig
 from tasks.runs import ReleaseContext, content_key, stage_run
@@ -104,6 +104,12 @@ def consistency(
     """Stored reference and engines in, gate report out (on the host whose pool the engines were built for)."""
     enter_stage(ctx, "consistency")
     return gate_call(ctx, reference, checkpoints, engines, attempt).run()
+
+
+def stage_calls(ctx: ReleaseContext, reference: ArtifactRef, checkpoints: list[ArtifactRef], engines: list[ArtifactRef],
+                attempt: int = 0) -> StageCalls:
+    """The stage's calls, for the release to look up before it submits the stage (flows/stages.py run_stage)."""
+    return StageCalls([gate_call(ctx, reference, checkpoints, engines, attempt)], many=False)
 
 
 def gate_call(ctx: ReleaseContext, reference: ArtifactRef, checkpoints: list[ArtifactRef], engines: list[ArtifactRef],

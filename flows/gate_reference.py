@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from prefect import flow, task
 
-from flows.stages import Call, enter_stage
+from flows.stages import Call, StageCalls, enter_stage
 from tasks.artifacts import ArtifactRef
 from tasks.config import GateConfig
 from tasks.runs import ReleaseContext, content_key, stage_run
@@ -76,6 +76,12 @@ def gate_reference(ctx: ReleaseContext, student: ArtifactRef, calibration: Artif
     """FP student and checkpoints in, the gate's stored reference out."""
     enter_stage(ctx, "gate_reference")
     return reference_call(ctx, student, calibration, checkpoints, attempt).run()
+
+
+def stage_calls(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef, checkpoints: list[ArtifactRef],
+                attempt: int = 0) -> StageCalls:
+    """The stage's calls, for the release to look up before it submits the stage (flows/stages.py run_stage)."""
+    return StageCalls([reference_call(ctx, student, calibration, checkpoints, attempt)], many=False)
 
 
 def reference_call(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef, checkpoints: list[ArtifactRef],

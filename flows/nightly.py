@@ -17,7 +17,7 @@ from typing import Literal
 from prefect import flow, task
 
 from flows.chain import open_release, quantize_and_gate, run_deploy_on_pool
-from flows.register import register
+from flows.register import register, stage_calls as register_calls
 from flows.stages import check_placement, run_stage
 from tasks.artifacts import ArtifactRef
 from tasks.config import load_profile
@@ -112,7 +112,7 @@ def nightly_recalibration(
     nightly_profile = str(derive_profile(p, Path(traffic.snapshot), Path(traffic.snapshot).with_name("profile.yaml")))
     ctx = open_release(nightly_profile)
     gate_report, calibration, attempts = quantize_and_gate(ctx, base["student"])
-    registry = run_stage(ctx, "register", register, gate_report=gate_report,
+    registry = run_stage(ctx, "register", register, calls=register_calls, gate_report=gate_report,
                          lineage={"teacher": base["teacher"], "student": base["student"], "calibration": calibration})
     report = {"status": "registered" if registry["staging"] else "gate_failed", "release_id": ctx.release_id,
               "traffic": traffic.model_dump(), "attempts": attempts,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prefect import flow, task
 
-from flows.stages import Call, enter_stage, refreshed_if_missing
+from flows.stages import Call, StageCalls, enter_stage, refreshed_if_missing
 from tasks.artifacts import ArtifactRef, sha256_json
 from tasks.config import VariantConfig
 from tasks.runs import ReleaseContext, content_key, stage_run
@@ -70,7 +70,7 @@ def variant_calls(ctx: ReleaseContext, student: ArtifactRef, calibration: Artifa
                   open_input: Callable[[ArtifactRef], Path] | None = None) -> list[Call]:
     """One call per variant of this attempt, as the stage makes them: a variant quantized elsewhere is adopted, the
     others quantized with their recipe (read through `open_input`, the store by default) in slots of max_parallel."""
-    from tasks.quantize import load_recipe
+    from tasks.recipe import load_recipe
     from tasks.store import materialize
 
     p = ctx.resolved()
@@ -91,6 +91,12 @@ def variant_calls(ctx: ReleaseContext, student: ArtifactRef, calibration: Artifa
                           run_name(v, attempt)))
         slot += 1
     return calls
+
+
+def stage_calls(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef, attempt: int = 0) -> StageCalls:
+    """The stage's calls, for the release to look up before it submits the stage (flows/stages.py run_stage): one
+    per variant, in the profile's order, which is the order of the checkpoints the stage returns."""
+    return StageCalls(variant_calls(ctx, student, calibration, attempt), many=True)
 
 
 @flow(name="quantize", log_prints=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prefect import flow, task
 
-from flows.stages import Call, enter_stage
+from flows.stages import Call, StageCalls, enter_stage
 from tasks.artifacts import MANIFEST, ArtifactRef, write_manifest
 from tasks.runs import ReleaseContext, content_key, stage_run
 
@@ -112,6 +112,12 @@ def lineage_of(student: ArtifactRef, calibration: ArtifactRef) -> dict[str, Arti
 def register_call(ctx: ReleaseContext, gate_report: ArtifactRef, lineage: dict[str, ArtifactRef]) -> Call:
     """The registration as the stage makes it (its result is the registry's answer, not an artifact)."""
     return Call(register_passing, (gate_report, lineage, ctx, ctx.resolved().registry.model_name), "register")
+
+
+def stage_calls(ctx: ReleaseContext, gate_report: ArtifactRef, lineage: dict[str, ArtifactRef]) -> StageCalls:
+    """The stage's call, for the release to look up before it submits the stage (flows/stages.py run_stage): a
+    registration already made for this gate report and lineage is the registry's answer again."""
+    return StageCalls([register_call(ctx, gate_report, lineage)], many=False)
 
 
 @flow(name="register", log_prints=True)

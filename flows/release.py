@@ -16,7 +16,7 @@ from prefect import flow, task
 from flows.chain import open_release, quantize_and_gate, run_deploy_on_pool, summarize_attempt
 from flows.deploy_edge import deploy_edge
 from flows.distill import distill
-from flows.register import lineage_of, register
+from flows.register import lineage_of, register, stage_calls as register_calls
 from flows.stages import check_placement, run_stage
 from tasks.artifacts import ArtifactRef
 from tasks.config import load_profile
@@ -44,7 +44,8 @@ def release(profile: str = "configs/demo-cpu.yaml", deploy: Literal["pool", "inl
     ctx = open_release(profile)
     student = run_stage(ctx, "distill", distill)
     gate_report, calibration, attempts = quantize_and_gate(ctx, student)
-    registry = run_stage(ctx, "register", register, gate_report=gate_report, lineage=lineage_of(student, calibration))
+    registry = run_stage(ctx, "register", register, calls=register_calls, gate_report=gate_report,
+                         lineage=lineage_of(student, calibration))
     deployed = None
     if registry["staging"] and deploy == "pool":
         deployed = run_deploy_on_pool(profile, "staging")

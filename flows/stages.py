@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from tasks.artifacts import ArtifactRef
 from tasks.codeversion import require_same_code
 from tasks.runs import ReleaseContext, task_key
 
@@ -77,11 +78,22 @@ def check_placement(placement) -> dict[str, str]:
     return pooled
 
 
-def run_stage(ctx: ReleaseContext, stage: str, flow_fn: Callable[..., Any], **params) -> Any:
-    """Run one stage where the release's placement says: inline, or through its deployment on its pool."""
+def run_stage(ctx: ReleaseContext, stage: str, flow_fn: Callable[..., Any], *,
+              calls: Callable[..., StageCalls] | None = None, **params) -> Any:
+    """Run one stage where the release's placement says: inline, or through its deployment on its pool.
+
+    `calls`, for a stage whose every cache key the release's host computes exactly (the stage's own function of its
+    inputs, e.g. flows/quantize.py stage_calls): when each call's result is cached and its artifacts are in the store,
+    a pool-placed stage is not submitted at all. It would start a process on its pool (4-10 s here) only to find
+    the same results under the same keys. The release's graph shows the look-up as the task `<stage>: cache look-up`.
+    """
     pool = ctx.resolved().placement.where(stage)
     if pool == "inline":
         return flow_fn(ctx=ctx, **params)
+    if calls is not None:
+        found = reuse_cached_stage(stage, pool, calls(ctx, **params))
+        if found["cached"]:
+            return found["result"]
     from prefect.deployments import run_deployment
 
     name = DEPLOYMENTS[stage]
@@ -120,6 +132,56 @@ def refreshed_if_missing(out, task_fn, *args, **kwargs):
     return task_fn.with_options(refresh_cache=True)(*args, **kwargs)
 
 
+# What a cache look-up returns when the cache holds nothing under the key (a cached result may itself be None).
+MISSING = object()
+
+
+def cached_result(key: str, store: Any = None) -> Any:
+    """The result Prefect's task cache holds under `key`, in the default result storage where the release's tasks
+    persist theirs, or MISSING. `edgeflow plan` (tasks/plan.py) and the stage look-up below read it."""
+    if store is None:
+        from prefect.results import ResultStore, get_default_result_storage
+
+        store = ResultStore(result_storage=get_default_result_storage())
+    if not store.exists(key):
+        return MISSING
+    return store.read(key).result
+
+
+def reuse_cached_stage(stage: str, pool: str, planned: StageCalls) -> dict:
+    """{"cached": True, "result": the stage's result} if every one of its calls is cached with all its artifacts in the
+    store, else {"cached": False}; run as a task of the release, `<stage>: cache look-up`, so the Prefect UI shows it."""
+    from prefect import task
+    from prefect.cache_policies import NO_CACHE
+
+    return task(_look_up, name="stage-cache-look-up", task_run_name=f"{stage}: cache look-up", cache_policy=NO_CACHE,
+                persist_result=False)(stage, pool, planned)
+
+
+def _look_up(stage: str, pool: str, planned: StageCalls) -> dict:
+    from prefect.settings import PREFECT_TASKS_REFRESH_CACHE
+
+    from tasks.store import in_store
+
+    if PREFECT_TASKS_REFRESH_CACHE.value():  # every cache is to be refreshed: the stage must run
+        return {"cached": False}
+    results = []
+    for call in planned.calls:
+        key = call.key()
+        out = cached_result(key)
+        if out is MISSING:
+            print(f"{stage}: nothing cached under {key}; submitting the stage to pool {pool}")
+            return {"cached": False}
+        lost = [r.uri for r in (out if isinstance(out, list) else [out]) if isinstance(r, ArtifactRef) and not in_store(r)]
+        if lost:
+            print(f"{stage}: {key} is cached but the store lost {lost[:3]}; submitting the stage to pool {pool}")
+            return {"cached": False}
+        results.append(out)
+    print(f"{stage}: every call's result is cached ({', '.join(c.key() for c in planned.calls)}) with its artifacts "
+          f"in the store; not submitted to pool {pool}")
+    return {"cached": True, "result": results if planned.many else results[0]}
+
+
 @dataclass(frozen=True)
 class Call:
     """One cached task call of a stage, built by the stage's own function from its inputs (e.g. flows/distill.py
@@ -135,3 +197,12 @@ class Call:
 
     def run(self) -> Any:
         return stored(self.task, *self.args)
+
+
+@dataclass(frozen=True)
+class StageCalls:
+    """Every cached call a stage makes, built on the release's host by the stage's own functions, and how the stage
+    returns their results: a list, one per call, in order (many), or the only call's."""
+
+    calls: list[Call]
+    many: bool

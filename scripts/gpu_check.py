@@ -252,7 +252,8 @@ def step_gptq(args) -> dict:
     require("gptq")
     from transformers import AutoTokenizer
 
-    from tasks.quantize import load_recipe, quantize
+    from tasks.quantize import quantize
+    from tasks.recipe import load_recipe
 
     if args.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # tasks.quantize places the model on CUDA whenever it sees one

@@ -114,9 +114,12 @@ class Lookup:
             self.experiment_id = find_experiment_id(self.client, experiment)
 
     def result(self, key: str) -> Any | None:
-        if self.store is None or not self.store.exists(key):
+        from flows.stages import MISSING, cached_result
+
+        if self.store is None:
             return None
-        return self.store.read(key).result
+        out = cached_result(key, self.store)
+        return None if out is MISSING else out
 
     def last_inputs(self, run_name: str) -> tuple[str, dict | None] | None:
         """(run id, cache_inputs.json) of the stage's latest finished run in the profile's experiment, None if none."""

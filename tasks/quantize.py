@@ -4,7 +4,6 @@ Tiny CPU run: python -m flows.quantize --profile configs/test-tiny.yaml
 """
 from __future__ import annotations
 
-import copy
 import re
 import shutil
 from pathlib import Path
@@ -31,20 +30,6 @@ def _cpu_pin_memory_workaround() -> None:
     from llmcompressor.pipelines.cache import IntermediatesCache
 
     IntermediatesCache.pin_memory = lambda self, batch_index, input_names=None: None
-
-
-def load_recipe(path: Path, overrides: dict[str, dict] | None = None) -> dict:
-    """Read a recipe YAML; `overrides` patches fields of named modifiers (e.g. AWQ n_grid for tiny profiles)."""
-    recipe = yaml.safe_load(Path(path).read_text())
-    if not overrides:
-        return recipe
-    recipe = copy.deepcopy(recipe)
-    for stage in recipe.values():
-        for group in stage.values():
-            for name, fields in group.items():
-                if name in overrides:
-                    fields.update(overrides[name])
-    return recipe
 
 
 def _modifiers(recipe: dict):

@@ -901,6 +901,10 @@ def test_two_releases_of_one_model_started_at_once_one_goes_on_and_the_other_is_
 
     from prefect.client.orchestration import get_client
 
+    from mlflow import MlflowClient
+
+    c = MlflowClient(services["MLFLOW_TRACKING_URI"])
+    before = _stage_runs(c)
     runs = [run_deployment("release/release", parameters={"profile": "configs/test-tiny.yaml", "deploy": "none"}, timeout=0)
             for _ in range(2)]
 
@@ -919,6 +923,74 @@ def test_two_releases_of_one_model_started_at_once_one_goes_on_and_the_other_is_
     msg = refused[0].state.message
     assert "RunInProgress" in msg and f"flow run {completed[0].name!r} ({completed[0].id})" in msg, msg
     assert "edgeflow-test-tiny" in msg, msg  # the model both were releasing
+
+    # The one that went on was a fully cached re-run. The stages whose every key the release computes itself
+    # (quantize, consistency) were looked up and never submitted to their pools; distill and build_engine, keyed on
+    # what their own host resolves, ran there and found their results. Nothing was computed again: had a look-up
+    # handed on anything but the stage's own result, the stages after it would have keyed differently and run.
+    release_id = completed[0].state.result()["release_id"]
+    assert sorted(stage_flow_runs(release_id)) == ["build_engine", "distill"], sorted(stage_flow_runs(release_id))
+    assert sorted(r.name for r in release_task_runs(completed[0].id) if r.name.endswith(": cache look-up")) == [
+        "consistency: cache look-up", "quantize: cache look-up"]
+    assert _stage_runs(c) == before, "a fully cached re-run recomputed a stage"
+
+
+def release_task_runs(flow_run_id) -> list:
+    """The task runs of one flow run (the release's own tasks, its stage look-ups among them)."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+
+    return asyncio.run(read())
+
+
+def test_a_stage_whose_output_the_store_lost_is_submitted_not_looked_up(services, capsys):
+    """The release's look-up of a pool-placed stage (flows/stages.py) against the real result store and artifact store:
+    test-tiny's consistency stage, cached by the first test, is found with the very result its flow run returned; with
+    its gate report gone from the store (a bucket lifecycle rule, a wiped disk) it is not, naming what was lost, so
+    the release submits the stage, whose own task computes the report again."""
+    import asyncio
+    import shutil
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+
+    from flows.consistency import stage_calls
+    from flows.stages import _look_up
+    from tasks.artifacts import ArtifactRef
+    from tasks.runs import ReleaseContext
+
+    async def first():
+        async with get_client() as client:
+            runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["edgeflow.stage:consistency"])))
+            runs = [r for r in runs if r.parameters["ctx"]["profile"] == "configs/test-tiny.yaml" and r.state.is_completed()]
+            return min(runs, key=lambda r: r.created)
+
+    run = asyncio.run(first())
+    p = run.parameters
+    planned = stage_calls(ReleaseContext.model_validate(p["ctx"]), ArtifactRef.model_validate(p["reference"]),
+                          [ArtifactRef.model_validate(r) for r in p["checkpoints"]],
+                          [ArtifactRef.model_validate(r) for r in p["engines"]], p.get("attempt", 0))
+    found = _look_up("consistency", "orin", planned)
+    assert found["cached"] and found["result"] == run.state.result(), found
+
+    report = found["result"]
+    stored = REPO / ".edgeflow" / "test-services" / "mlflow" / "artifacts" / report.uri.removeprefix("mlflow-artifacts:/")
+    assert stored.exists(), stored
+    aside = stored.with_name(stored.name + ".aside")
+    shutil.move(stored, aside)
+    try:
+        capsys.readouterr()
+        assert _look_up("consistency", "orin", planned) == {"cached": False}
+        assert f"the store lost ['{report.uri}']; submitting the stage to pool orin" in capsys.readouterr().out
+    finally:
+        shutil.move(aside, stored)
+    assert _look_up("consistency", "orin", planned)["cached"]
 
 
 def test_a_second_release_or_rollout_of_the_same_model_or_fleet_is_refused_naming_the_first(services):

@@ -159,7 +159,7 @@ def make_release(mlflow_server, tiny_llama, calibration_rows, stage_results, mlf
     from tasks.artifacts import ArtifactRef, sha256_tree
     from tasks.config import load_profile
     from tasks.engines import get_backend
-    from tasks.quantize import load_recipe
+    from tasks.recipe import load_recipe
     from tasks.runs import content_key, log_training_set, stage_run
     from tasks.store import materialize, publish
 

@@ -5,7 +5,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tasks.config import REPO_ROOT
-from tasks.quantize import check_group_sizes, weight_errors, load_dequantized, load_recipe, quantize, recipe_scheme, recipe_schemes
+from tasks.quantize import check_group_sizes, load_dequantized, quantize, recipe_scheme, recipe_schemes, weight_errors
+from tasks.recipe import load_recipe
 
 RECIPES = REPO_ROOT / "deployments" / "recipes"
 

@@ -381,7 +381,8 @@ def test_activation_quantization_is_refused_even_when_dequantizing(checkpoints, 
 def test_w8_and_mixed_checkpoints_build_dequantized_and_match_their_fake_quant_model(recipe, checkpoints, tmp_path) -> None:
     """Shipped W8A16 / mixed recipes: fp32 engine from the dequantized weights, same logits as the HF model."""
     from tasks.config import REPO_ROOT
-    from tasks.quantize import load_recipe, quantize
+    from tasks.quantize import quantize
+    from tasks.recipe import load_recipe
 
     ids = _chat_ids(checkpoints["dense"])
     ckpt = tmp_path / "ckpt"
