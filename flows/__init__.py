@@ -7,7 +7,9 @@
   moment (requests reads the proxy variables) failed with KeyError: a release's first MLflow call failed that way
   when mlflow was imported just before it. A pipeline host also has no business sending usage data out;
 - torch's threads from EDGEFLOW_TORCH_THREADS when it is set (tasks/engines/cpu_host.py:apply_torch_threads), for a
-  host that runs several stage processes at once.
+  host that runs several stage processes at once;
+- a nested flow run's heartbeat thread not waited for at its end (flows/heartbeats.py: an inline stage handed back
+  up to 1 s late).
 """
 import os
 
@@ -17,3 +19,7 @@ from tasks.engines.cpu_host import apply_torch_threads as _apply_torch_threads
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 _tune_allocator()
 _apply_torch_threads()
+
+from flows.heartbeats import install as _install_heartbeats  # noqa: E402 - after the allocator, before any flow runs
+
+_install_heartbeats()

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -947,6 +948,39 @@ def release_task_runs(flow_run_id) -> list:
             return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
 
     return asyncio.run(read())
+
+
+def test_an_inline_stage_hands_back_without_waiting_for_its_heartbeat_thread(services):
+    """flows/heartbeats.py with the real engine and server: when a subflow (an inline stage) returns, its heartbeat
+    thread has been told to stop but not waited for, so the parent goes on at once; the top-level run's is joined."""
+    import flows  # noqa: F401 - importing flows/ installs it, as in every stage process
+    from prefect import flow
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    def beating() -> int:
+        """Heartbeat threads alive in this process (Prefect runs each flow run's loop in a copied context)."""
+        return sum(1 for t in threading.enumerate() if t.is_alive() and getattr(t, "_args", None)
+                   and getattr(t._args[0], "__name__", "") == "heartbeat_loop")
+
+    seen = {}
+
+    @flow
+    def inline_stage() -> int:
+        return beating()
+
+    @flow
+    def release_like() -> None:
+        seen["inside"] = inline_stage()
+        seen["after"] = beating()
+
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}):
+        release_like()
+    assert seen["inside"] == 2, seen  # the parent's and the subflow's
+    assert seen["after"] == 2, seen  # the subflow's still winding down when the parent went on: not joined
+    deadline = time.monotonic() + 10
+    while beating() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert beating() == 0  # and it did stop, at its next step
 
 
 def test_a_stage_whose_output_the_store_lost_is_submitted_not_looked_up(services, capsys):
