@@ -37,10 +37,10 @@ def run_deploy_on_pool(profile: str, alias: str) -> dict:
     """Deploy through the `deploy-edge` deployment, so it runs on the `orin` pool's worker."""
     from prefect.deployments import run_deployment
 
-    from flows.stages import POLL_S
+    from flows.stages import wait_until_final
 
-    fr = run_deployment("deploy-edge/deploy-edge", parameters={"profile": profile, "alias": alias}, timeout=None,
-                        poll_interval=POLL_S)
+    fr = wait_until_final(run_deployment("deploy-edge/deploy-edge", parameters={"profile": profile, "alias": alias},
+                                         timeout=0).id)
     if not fr.state.is_completed():
         raise RuntimeError(f"deploy-edge flow run {fr.id} ended {fr.state.type.value}: {fr.state.message}")
     return fr.state.result()

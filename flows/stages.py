@@ -9,6 +9,7 @@ that ran it, and its result comes back through the configured result storage. Wh
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -26,8 +27,16 @@ DEPLOYMENTS = {
     "consistency": "consistency/consistency",
     "register": "register/register",
 }
-# Seconds between polls of a pool-placed stage's state (run_deployment's default, 5 s, adds up to 5 s a stage).
+# Stages whose cache keys hold what their own host resolves (distill: the teacher as converted there; build_engine:
+# the host's builder identity): only a run on their pool can say whether they are cached, so the release always
+# submits them. Every other stage can be looked up by the release (run_stage's `calls`).
+KEYED_ON_THEIR_HOST = frozenset({"distill", "build_engine"})
+# Seconds between polls of a run's state where a wait is polled: a fleet rollout's device runs (flows/rollout.py), and
+# a stage's wait while the Prefect server's event stream is down (wait_until_final).
 POLL_S = 1.0
+# A stage's end is pushed by the Prefect server's event stream (wait_until_final); the run's state is read again this
+# often in case an event was missed, so a lost event costs this much at most, not the release.
+EVENT_RECHECK_S = 10
 
 
 class PlacementError(ValueError):
@@ -91,18 +100,45 @@ def run_stage(ctx: ReleaseContext, stage: str, flow_fn: Callable[..., Any], *,
     if pool == "inline":
         return flow_fn(ctx=ctx, **params)
     if calls is not None:
+        if stage in KEYED_ON_THEIR_HOST:
+            raise ValueError(f"stage {stage}'s keys hold what its own host resolves: the release cannot look it up")
         found = reuse_cached_stage(stage, pool, calls(ctx, **params))
         if found["cached"]:
             return found["result"]
     from prefect.deployments import run_deployment
 
     name = DEPLOYMENTS[stage]
-    fr = run_deployment(name, parameters={"ctx": ctx, **params}, as_subflow=True, timeout=None, poll_interval=POLL_S,
+    fr = run_deployment(name, parameters={"ctx": ctx, **params}, as_subflow=True, timeout=0,
                         tags=[f"edgeflow.stage:{stage}", f"edgeflow.release:{ctx.release_id}"])
+    fr = wait_until_final(fr.id)
     if not fr.state.is_completed():
         raise StageFailed(f"stage {stage} (deployment {name}, pool {pool}): flow run {fr.id} ended "
                           f"{fr.state.type.value}: {fr.state.message}")
     return fr.state.result()
+
+
+def wait_until_final(flow_run_id) -> Any:
+    """The flow run, once in a final state: told by the Prefect server's event stream as the state changes
+    (prefect.flow_runs.wait_for_flow_run), so the release submits the next stage without a poll interval in between
+    (a 1 s poll cost 0.5 s a stage on average). Should the stream fail (the server restarting mid-stage), the run is
+    read through the API, which retries as every call does, and the wait goes on."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import FlowRunWaitTimeout
+    from prefect.flow_runs import wait_for_flow_run
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    while True:
+        try:
+            return run_coro_as_sync(wait_for_flow_run(flow_run_id, timeout=EVENT_RECHECK_S))
+        except FlowRunWaitTimeout:  # no final state yet (each try reads the run first): wait on
+            continue
+        except Exception as e:  # noqa: BLE001 - the event stream failed; the API read below raises if the server is gone
+            print(f"flow run {flow_run_id}: the Prefect event stream failed ({type(e).__name__}: {e}); reading its state")
+            with get_client(sync_client=True) as client:
+                fr = client.read_flow_run(flow_run_id)
+            if fr.state is not None and fr.state.is_final():
+                return fr
+            time.sleep(POLL_S)
 
 
 def enter_stage(ctx: ReleaseContext, stage: str) -> None:

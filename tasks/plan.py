@@ -3,8 +3,9 @@
     edgeflow plan configs/demo-cpu.yaml          (python -m tasks.plan --profile configs/demo-cpu.yaml [--json])
 
 For each stage, in the order a release runs them: where it would run (inline, or its pool, with the pool's online
-workers), the cache key of each of its task calls and whether the result store holds a result under it. Cached: the
-artifact a later stage fetches, with its size. Computed: why, as the inputs that differ from what the stage's last
+workers; a pool-placed stage whose every call is cached is not started there, unless its keys hold what its own
+host resolves: flows/stages.py KEYED_ON_THEIR_HOST), the cache key of each of its task calls and whether the result
+store holds a result under it. Cached: the artifact a later stage fetches, with its size. Computed: why, as the inputs that differ from what the stage's last
 run hashed (its MLflow run's cache_inputs.json), a profile file named by its path. A stage downstream of a computed
 one is computed after it: its key depends on an artifact that does not exist yet.
 
@@ -50,6 +51,7 @@ class StagePlan:
     where: str  # inline, or the pool
     workers: str  # what runs it: the release's host, or the pool's online workers
     calls: list[CallPlan] = field(default_factory=list)
+    submitted: bool = True  # a run on its pool (False: inline, or every call cached and looked up by the release)
 
     @property
     def status(self) -> str:
@@ -270,6 +272,7 @@ def make_plan(profile_path: str) -> Plan:
     from flows.gate_reference import reference_call
     from flows.quantize import variant_calls
     from flows.register import lineage_of, register_call
+    from flows.stages import KEYED_ON_THEIR_HOST
     from tasks.model_source import resolved_teacher
 
     profile = load_profile(profile_path)
@@ -352,6 +355,8 @@ def make_plan(profile_path: str) -> Plan:
     gate_report = one(stage("consistency"), reference is not None and complete and all(e is not None for e in built),
                       lambda: gate_call(ctx, reference, checkpoints, built))
     one(stage("register"), gate_report is not None, lambda: register_call(ctx, gate_report, lineage_of(student, calibration)))
+    for s in plan.stages:  # as flows/stages.py run_stage decides: a cached stage the release can key is not started
+        s.submitted = s.where != "inline" and (s.status != "cached" or s.stage in KEYED_ON_THEIR_HOST)
     return plan
 
 
@@ -403,6 +408,8 @@ def render(plan: Plan) -> str:
     lines += [f"  placement: {p}" for p in plan.problems]
     for s in plan.stages:
         where = "inline" if s.where == "inline" else f"pool {s.where}"
+        if s.where != "inline" and not s.submitted:
+            where += " (cached: the release reuses it without a run there)"
         lines.append(f"\n{s.stage:<15} {s.status:<14} {where}, {s.workers}")
         for c in s.calls:
             lines.append(f"  {c.run:<28} {c.status:<14} {c.key or ''}")

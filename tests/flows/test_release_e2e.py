@@ -151,6 +151,8 @@ def test_release_deployment_registers_stages_and_serves(services, tmp_path):
     calls = [c for s in plan["stages"] for c in s["calls"]]
     assert [s["stage"] for s in plan["stages"]] == list(STAGES) and len(calls) == 1 + 1 + 2 + 3 + 1 + 1 + 1
     assert {c["status"] for c in calls} == {"cached"}, [(c["run"], c["status"], c["why"]) for c in calls]
+    # a re-run would start only the stages keyed on their own host (test_two_releases_… checks that the release agrees)
+    assert [s["stage"] for s in plan["stages"] if s["submitted"]] == ["distill", "build_engine"], plan["stages"]
     c = MlflowClient(services["MLFLOW_TRACKING_URI"])
     for call in calls:  # the key each stage's task recorded from inside its run (tag edgeflow.cache_key)
         run = c.get_run(stage_run_of(c, report["release_id"], call["run"]))
