@@ -68,6 +68,13 @@ def services(tmp_path_factory, teacher_dir):
     # a fresh store per session: assertions count versions and aliases
     subprocess.run([sys.executable, "scripts/services.py", "down"], cwd=REPO, env=os.environ | env, check=False)
     clear_stale_servers(env["EDGEFLOW_PREFECT_PORT"], env["EDGEFLOW_MLFLOW_PORT"])
+    # test-tiny's edge server left by an earlier release outside this fixture (`make demo`-style runs of test-tiny
+    # serve from its work directory, not from this home): on the stable port it would answer before this module's
+    # first deploy, and the page the first test expects for that port being down would never come
+    from tasks.config import load_profile
+    from tasks.deploy import stop_device
+
+    stop_device(load_profile(REPO / "configs" / "test-tiny.yaml"))
     subprocess.run(["rm", "-rf", str(home)], check=True)
     subprocess.run([sys.executable, "scripts/services.py", "up"], cwd=REPO, env=os.environ | env, check=True)
     sys.path.insert(0, str(REPO / "scripts"))
