@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -74,7 +75,12 @@ def services(tmp_path_factory, teacher_dir):
     from tasks.config import load_profile
     from tasks.deploy import stop_device
 
-    stop_device(load_profile(REPO / "configs" / "test-tiny.yaml"))
+    tiny = load_profile(REPO / "configs" / "test-tiny.yaml")
+    stop_device(tiny)
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", tiny.deploy.port)) == 0:
+            pytest.fail(f"127.0.0.1:{tiny.deploy.port}, test-tiny's stable port, is served by a process no pid file of "
+                        f"{tiny.workdir} names (another checkout's release?): stop it before these tests")
     subprocess.run(["rm", "-rf", str(home)], check=True)
     subprocess.run([sys.executable, "scripts/services.py", "up"], cwd=REPO, env=os.environ | env, check=True)
     sys.path.insert(0, str(REPO / "scripts"))
@@ -776,7 +782,6 @@ def test_retry_in_the_prefect_ui_resumes_a_failed_release_without_recomputing(se
     """Change only the calibration mix and make the last stage (deploy) fail: distill is reused, calibrate..register
     are recomputed once; then "Retry" in the real Prefect UI (headless Chromium) completes the same flow run
     without running any of them again, counted from the MLflow runs each stage writes."""
-    import socket
     import time
 
     import yaml
