@@ -158,14 +158,19 @@ def stored(task_fn, *args, **kwargs):
 def refreshed_if_missing(out, task_fn, *args, **kwargs):
     """`out`, a task's result (a reference or a list of them), unless the store lost one of its artifacts: then the
     task is called again with refresh_cache, and that result is returned."""
-    from tasks.store import in_store
-
-    refs = out if isinstance(out, list) else [out]
-    missing = [r.uri for r in refs if r is not None and not in_store(r)]
+    missing = lost_artifacts(out)
     if not missing:
         return out
     print(f"{task_fn.name}: cached result names artifacts missing from the store ({missing[:3]}); computing it again")
     return task_fn.with_options(refresh_cache=True)(*args, **kwargs)
+
+
+def lost_artifacts(out: Any) -> list[str]:
+    """The URIs of the artifacts a task's result (a reference, a list of them, or another value) names that the store
+    no longer holds."""
+    from tasks.store import in_store
+
+    return [r.uri for r in (out if isinstance(out, list) else [out]) if isinstance(r, ArtifactRef) and not in_store(r)]
 
 
 # What a cache look-up returns when the cache holds nothing under the key (a cached result may itself be None).
@@ -197,24 +202,22 @@ def reuse_cached_stage(stage: str, pool: str, planned: StageCalls) -> dict:
 def _look_up(stage: str, pool: str, planned: StageCalls) -> dict:
     from prefect.settings import PREFECT_TASKS_REFRESH_CACHE
 
-    from tasks.store import in_store
-
     if PREFECT_TASKS_REFRESH_CACHE.value():  # every cache is to be refreshed: the stage must run
         return {"cached": False}
+    keys = [call.key() for call in planned.calls]
     results = []
-    for call in planned.calls:
-        key = call.key()
+    for key in keys:
         out = cached_result(key)
         if out is MISSING:
             print(f"{stage}: nothing cached under {key}; submitting the stage to pool {pool}")
             return {"cached": False}
-        lost = [r.uri for r in (out if isinstance(out, list) else [out]) if isinstance(r, ArtifactRef) and not in_store(r)]
+        lost = lost_artifacts(out)
         if lost:
             print(f"{stage}: {key} is cached but the store lost {lost[:3]}; submitting the stage to pool {pool}")
             return {"cached": False}
         results.append(out)
-    print(f"{stage}: every call's result is cached ({', '.join(c.key() for c in planned.calls)}) with its artifacts "
-          f"in the store; not submitted to pool {pool}")
+    print(f"{stage}: every call's result is cached ({', '.join(keys)}) with its artifacts in the store; not submitted "
+          f"to pool {pool}")
     return {"cached": True, "result": results if planned.many else results[0]}
 
 

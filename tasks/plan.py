@@ -5,8 +5,9 @@
 For each stage, in the order a release runs them: where it would run (inline, or its pool, with the pool's online
 workers; a pool-placed stage whose every call is cached is not started there, unless its keys hold what its own
 host resolves: flows/stages.py KEYED_ON_THEIR_HOST), the cache key of each of its task calls and whether the result
-store holds a result under it. Cached: the artifact a later stage fetches, with its size. Computed: why, as the inputs that differ from what the stage's last
-run hashed (its MLflow run's cache_inputs.json), a profile file named by its path. A stage downstream of a computed
+store holds a result under it. Cached: the artifact a later stage fetches, with its size. Computed: why, as the
+inputs that differ from what the stage's last run hashed (its MLflow run's cache_inputs.json), a profile file named
+by its path. A stage downstream of a computed
 one is computed after it: its key depends on an artifact that does not exist yet.
 
 The keys are the release's own: each stage builds its task calls with one function (flows/*.py: train_call,

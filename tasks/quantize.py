@@ -14,6 +14,7 @@ import yaml
 from tasks.architecture import transformers_kwargs
 from tasks.artifacts import write_manifest
 from tasks.engines.checkpoint import load_dequantized  # the checkpoint as its exactly dequantized model (owned there)
+from tasks.recipe import modifiers
 
 
 def _cpu_pin_memory_workaround() -> None:
@@ -32,12 +33,6 @@ def _cpu_pin_memory_workaround() -> None:
     IntermediatesCache.pin_memory = lambda self, batch_index, input_names=None: None
 
 
-def _modifiers(recipe: dict):
-    for stage in recipe.values():
-        for group in stage.values():
-            yield from group.items()
-
-
 def _matches(name: str, module: torch.nn.Module, patterns: list[str]) -> bool:
     for p in patterns:
         if p.startswith("re:"):
@@ -53,7 +48,7 @@ def check_group_sizes(model: torch.nn.Module, recipe: dict) -> None:
 
     Group quantization needs in_features % group_size == 0 (SmolLM2's 576-wide projections rule out 128).
     """
-    for modifier, fields in _modifiers(recipe):
+    for modifier, fields in modifiers(recipe):
         ignore = fields.get("ignore", [])
         for gname, group in (fields.get("config_groups") or {}).items():
             w = group.get("weights") or {}
@@ -76,7 +71,7 @@ def check_group_sizes(model: torch.nn.Module, recipe: dict) -> None:
 
 def recipe_scheme(recipe: dict) -> dict:
     """The weight scheme a recipe applies (bits, group size, symmetry, act-order), for reports and engines."""
-    for _, fields in _modifiers(recipe):
+    for _, fields in modifiers(recipe):
         for group in (fields.get("config_groups") or {}).values():
             w = group.get("weights") or {}
             return {
@@ -93,7 +88,7 @@ def recipe_scheme(recipe: dict) -> dict:
 def recipe_schemes(recipe: dict) -> list[dict]:
     """Every weight scheme a recipe applies, with its targets (a mixed recipe has several)."""
     out = []
-    for _, fields in _modifiers(recipe):
+    for _, fields in modifiers(recipe):
         for group in (fields.get("config_groups") or {}).values():
             w = group.get("weights") or {}
             out.append({"targets": group.get("targets", ["Linear"]), "bits": w.get("num_bits"),

@@ -7,21 +7,25 @@ Apart from tasks/quantize.py, which runs the recipe, so that whoever only keys a
 """
 from __future__ import annotations
 
-import copy
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
 
 
-def load_recipe(path: Path, overrides: dict[str, dict] | None = None) -> dict:
-    """Read a recipe YAML; `overrides` patches fields of named modifiers (e.g. AWQ n_grid for tiny profiles)."""
-    recipe = yaml.safe_load(Path(path).read_text())
-    if not overrides:
-        return recipe
-    recipe = copy.deepcopy(recipe)
+def modifiers(recipe: dict) -> Iterator[tuple[str, dict]]:
+    """(modifier name, its fields) of every modifier of every stage and group of a recipe."""
     for stage in recipe.values():
         for group in stage.values():
-            for name, fields in group.items():
-                if name in overrides:
-                    fields.update(overrides[name])
+            yield from group.items()
+
+
+def load_recipe(path: Path, overrides: dict[str, dict] | None = None) -> dict:
+    """Read a recipe YAML; `overrides` patches fields of named modifiers (e.g. AWQ n_grid for tiny profiles)."""
+    recipe = yaml.safe_load(Path(path).read_text())  # parsed here: patched in place, no one else holds it
+    if not overrides:
+        return recipe
+    for name, fields in modifiers(recipe):
+        if name in overrides:
+            fields.update(overrides[name])
     return recipe
