@@ -59,7 +59,8 @@ def quantize_and_gate(ctx: ReleaseContext, student: ArtifactRef) -> tuple[Artifa
     """calibrate → quantize → build engines → gate, recalibrating while no variant passes.
 
     Bounded recalibration: when no variant meets the bar, try again with a larger calibration set
-    (each attempt's stages are their own MLflow runs), at most gate.recalibration_attempts times.
+    (each attempt's stages are their own MLflow runs), at most gate.recalibration_attempts times, and not at all when
+    the FP student's own answers fail gate.student.min_answers_ok (a calibration set cannot fix the student).
     Returns the last attempt's gate report and calibration set, and every attempt's summary.
     Each stage runs where the profile's placement says (flows/stages.py).
     """
@@ -79,6 +80,12 @@ def quantize_and_gate(ctx: ReleaseContext, student: ArtifactRef) -> tuple[Artifa
                                 reference=reference, checkpoints=checkpoints, engines=engines, attempt=attempt)
         attempts.append(summarize_attempt(gate_report))
         if attempts[-1]["passed"]:
+            break
+        limit, fp_ok = ctx.resolved().gate.student.min_answers_ok, attempts[-1]["fp_answers_ok"]
+        if limit is not None and fp_ok is not None and fp_ok < limit:
+            # the FP student itself answers in loops: no calibration set can fix that (the student gate says so)
+            print(f"attempt {attempt}: the full-precision student's own answers fail gate.student.min_answers_ok "
+                  f"({fp_ok:.0%} < {limit:.0%}); not recalibrating")
             break
         print(f"attempt {attempt}: no quantized variant met the bar ({attempts[-1]['best']})")
     return gate_report, calibration, attempts

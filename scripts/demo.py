@@ -20,7 +20,8 @@ def main() -> int:
 
     from tasks.config import load_profile
     from tasks.progress import follow
-    from tasks.report import staged_row, table
+    from tasks.evaluation.answers import repetition
+    from tasks.report import quality_phrase, staged_row, table
     from tasks.runs import tracking_uri
 
     ap = argparse.ArgumentParser(description=__doc__)
@@ -34,7 +35,10 @@ def main() -> int:
     print(f"Running the release deployment with {a.profile}; the same progress is in the Prefect UI: {run_url}", flush=True)
     fr = follow(fr.id)  # each stage as it starts and ends, and the long loops' progress bars, from the Prefect API
     if not fr.state.is_completed():
-        print(f"release ended {fr.state.type.value}: {fr.state.message}\n{run_url}", file=sys.stderr)
+        # the release's own message names why nothing was staged (the student gate's or the consistency gate's
+        # missed limits) and what to change
+        print(f"release ended {fr.state.type.value}: nothing was staged or deployed.\n{fr.state.message}\n{run_url}",
+              file=sys.stderr)
         return 1
     report = fr.state.result()
     print(f"\nRelease {report['release_id']} finished in {time.time() - t0:.0f} s\n")
@@ -43,7 +47,7 @@ def main() -> int:
     s = report["student"]
     print(f"student: {s['student_layers']} layers, top-1 agreement with teacher {s['student_top1_vs_teacher']:.1%}, "
           f"perplexity {s['student_ppl']:.1f} vs teacher {s['teacher_ppl']:.1f} "
-          f"({s['student_ppl'] / s['teacher_ppl']:.1f}×), quality {s['student_quality_pct']:.0f}% of the teacher")
+          f"({s['student_ppl'] / s['teacher_ppl']:.1f}×), {quality_phrase(s)}")
     staged = staged_row(report)
     if staged and staged.get("answers"):
         a = staged["answers"]
@@ -71,6 +75,12 @@ def main() -> int:
         print(f"\n\n(the model's sampling defaults, seed 1; asked twice, the same answer: {answers[0] == answers[1]})")
         if answers[0] != answers[1]:
             print("error: the same seed gave two different answers", file=sys.stderr)
+            return 1
+        if (fig := repetition(answers[0]))["degenerate"]:
+            print(f"error: the streamed answer degenerates (most frequent word 3-gram x{fig['max_trigram_repeats']}, "
+                  f"distinct-2 {fig['distinct_2']:.2f}); the staged variant passed the gate's answers on its prompts but not "
+                  "this one. Fix: raise gate.min_answers_ok and gate.student.min_answers_ok, or train longer "
+                  "(distill.steps)", file=sys.stderr)
             return 1
     exp_id = report["mlflow_experiment_id"]  # in the report, so this script never imports mlflow (~3 s)
     print(f"\nReport:       {REPO / 'reports' / (report['release_id'] + '.md')}")

@@ -33,10 +33,15 @@ REPORTS_DIR = REPO_ROOT / "reports"
 
 def attempt_summary(gate: GateReport) -> dict:
     """Did any quantized variant pass this attempt's gate, and how close did the best one come?"""
+    from tasks.evaluation.answers import ok_share
+
     quantized = gate.quantized
     best = max(quantized, key=lambda r: r.top1_agreement, default=None)
+    fp = next((r for r in gate.rows if not r.quantized), None)
     return {
         "attempt": gate.attempt,
+        # share of the FP student's demo answers not degenerate: what gate.student.min_answers_ok limits
+        "fp_answers_ok": ok_share(fp.answers) if fp and fp.answers is not None else None,
         "calibration_samples": (gate.calibration or {})["total"],
         "passed": [r.name for r in quantized if r.passed],
         "best": best and f"{best.name}: agreement {best.top1_agreement:.2%}, KL {best.kl:.4f}; {'; '.join(best.reasons) or 'passed'}",
@@ -44,28 +49,32 @@ def attempt_summary(gate: GateReport) -> dict:
 
 
 def release_report(
-    ctx: Any, student_meta: dict, gate: GateReport, registry: dict, deployed: dict | None, attempts: list[dict]
+    ctx: Any, student_meta: dict, gate: GateReport | None, registry: dict, deployed: dict | None, attempts: list[dict],
+    student_gate: dict | None = None,
 ) -> dict:
-    """The release report as a dict (what reports/<release_id>.json holds, less `plots`). `ctx`: the ReleaseContext."""
+    """The release report as a dict (what reports/<release_id>.json holds, less `plots`). `ctx`: the ReleaseContext.
+    gate: the last attempt's gate report, None when the student gate refused the student before quantization;
+    student_gate: its verdict (tasks/evaluation/student_gate.py)."""
+    refused = student_gate is not None and not student_gate["passed"]
+    why = registry["why_no_staging"]
     return {
         "release_id": ctx.release_id,
         "profile": ctx.profile,
         "variants": [{k: getattr(r, k) for k in VARIANT_FIELDS} | {"engine_parity": round(r.metrics["engine_parity"], 4),
                                                                     "answers_ok": answers_ok(r.answers)}
-                     for r in gate.rows],
+                     for r in (gate.rows if gate else [])],
         "staging": registry["staging"],
         "staging_version": registry["staging_version"],
         "registered": registry["registered"],
-        "why_no_staging": registry["why_no_staging"] and (
-            f"no variant met the bar after {len(attempts)} attempt(s); " + registry["why_no_staging"]
-        ),
+        "why_no_staging": why and (why if refused else f"no variant met the bar after {len(attempts)} attempt(s); {why}"),
+        "student_gate": student_gate,
         "attempts": attempts,
         "smoke_answer": deployed["smoke_answer"] if deployed else None,
         "deploy": deployed and {k: deployed[k] for k in ("url", "version", "engine_binding")},
-        "gate": gate.thresholds,
-        "eval_prompts": gate.eval_prompts,
-        "eval_positions": gate.eval_positions,
-        "gate_reference": gate.reference and gate.reference.model_dump(),
+        "gate": gate.thresholds if gate else ctx.resolved().gate.model_dump(exclude={"eval_sources"}),
+        "eval_prompts": gate and gate.eval_prompts,
+        "eval_positions": gate and gate.eval_positions,
+        "gate_reference": gate and gate.reference and gate.reference.model_dump(),
         # .get: a student cached by an older release may lack the newer evaluation keys; the report shows what it has
         "student": {k: student_meta.get(k) for k in STUDENT_FIELDS} | {"steps": ctx.resolved().distill.steps},
         "mlflow_parent_run_id": ctx.mlflow_parent_run_id,
@@ -74,7 +83,8 @@ def release_report(
 
 
 def write_release_report(
-    ctx: Any, student: ArtifactRef, gate: GateReport, registry: dict, deployed: dict | None, attempts: list[dict]
+    ctx: Any, student: ArtifactRef, gate: GateReport | None, registry: dict, deployed: dict | None, attempts: list[dict],
+    student_gate: dict | None = None,
 ) -> dict:
     """Assemble the report, save it as reports/<release_id>.json and .md (the final attempt's plots beside them), log
     them to the release's parent run under `report/` with each variant's top-1 agreement, and end that run."""
@@ -84,7 +94,7 @@ def write_release_report(
     from tasks.store import materialize
 
     c = MlflowClient(tracking_uri())
-    report = release_report(ctx, student.meta, gate, registry, deployed, attempts)
+    report = release_report(ctx, student.meta, gate, registry, deployed, attempts, student_gate)
     # the parent run's experiment, for a link to the run: a reader of the report needs no MLflow client for it
     report["mlflow_experiment_id"] = c.get_run(ctx.mlflow_parent_run_id).info.experiment_id
     out = REPORTS_DIR
@@ -93,7 +103,7 @@ def write_release_report(
     plot_dir = out / ctx.release_id
     plot_dir.mkdir(exist_ok=True)
     report["plots"] = {}
-    for name, ref in gate.plots.items():
+    for name, ref in (gate.plots if gate else {}).items():
         shutil.copyfile(materialize(ref), plot_dir / ref.name)
         report["plots"][name] = f"{ctx.release_id}/{ref.name}"
     (out / f"{ctx.release_id}.json").write_text(json.dumps(report, indent=1))
@@ -216,20 +226,14 @@ def student_table(s: dict) -> str:
     ])
 
 
-def markdown(report: dict) -> str:
-    """The whole report as markdown."""
-    s = report["student"]
+def gate_paragraph(report: dict) -> str:
+    """What the consistency gate's table measured, and against which thresholds."""
     g = report["gate"]
-    out = [
-        f"# Release {report['release_id']}",
-        "",
-        f"Profile `{report['profile']}` · staging: **{report['staging'] or 'none'}**"
-        + (f" (version {report['staging_version']})" if report.get("staging_version") else ""),
-        "",
-        table(report["variants"]),
-        "",
+    return (
         f"Gate: top-1 agreement ≥ {g['min_top1_agreement']}, mean KL ≤ {g['max_mean_kl']}, perplexity increase ≤ "
-        f"{g['max_ppl_increase']:.0%}, engine parity ≥ {g['min_engine_parity']}; measured on the built engines over "
+        f"{g['max_ppl_increase']:.0%}, engine parity ≥ {g['min_engine_parity']}"
+        + (f", at least {g['min_answers_ok']:.0%} of the demo answers not degenerate" if g.get("min_answers_ok") is not None else "")
+        + f"; measured on the built engines over "
         f"{report['eval_prompts']} held-out prompts ({report['eval_positions']} positions) against the full-precision student."
         + (f" KL over the reference's top-{r['top_k']} tokens per position plus one bucket for the rest, which held "
            f"{r['tail_mass_mean']:.2%} of its mass on average (0: exact; else a lower bound)."
@@ -239,13 +243,61 @@ def markdown(report: dict) -> str:
         f"greedy {g.get('greedy_tokens', 32)}-token continuation equals the reference's; engine_precision 'fp32 (dequantized)': "
         "the backend has no exact kernel for that scheme, so the engine runs the checkpoint's dequantized weights."
         + f" decode_tok_s and ttft_ms: one 64-token generation with the decoding the server applies by default "
-        f"({_settings(report['variants'])}); decode_tok_s_greedy: the same generation decoded greedily.",
+        f"({_settings(report['variants'])}); decode_tok_s_greedy: the same generation decoded greedily."
+    )
+
+
+def quality_phrase(s: dict) -> str:
+    """The student's quality as a share of the teacher's (perplexity ratio), with the reason when it exceeds 100 %:
+    a held-out perplexity below the teacher's means the student learned the held-out text's style (edgeflow's domains,
+    the chat template), which the teacher never trained on, not that it is a better model."""
+    pct = s.get("student_quality_pct")
+    if pct is None:
+        return "quality not recorded"
+    phrase = f"quality {pct:.0f}% of the teacher (teacher perplexity / student perplexity)"
+    if pct > 100:
+        phrase += (": above 100 % because the student trained on text like the held-out set (these domains, this chat "
+                   "template) and the teacher did not, not because it is the better model; top-1 agreement and KL say how "
+                   "close it is to the teacher")
+    return phrase
+
+
+def student_gate_section(v: dict) -> str:
+    """The student gate's verdict: each measure, its limit, and what failed."""
+    from tasks.evaluation.student_gate import MEASURES
+
+    rows = ["| measure | value | limit |", "|---|---:|---:|"]
+    for measure, (field, kind, label, fmt) in MEASURES.items():
+        value, limit = v["measures"].get(measure), v["limits"].get(field)
+        if measure == "answers_ok" and not v.get("answers_checked"):
+            value = None
+        rows.append(f"| {label} | {_fmt(value, fmt)} | {'-' if limit is None else ('≥ ' if kind == 'min' else '≤ ') + format(limit, fmt)} |")
+    verdict = "**passed**" if v["passed"] else "**failed**: " + "; ".join(v["failures"])
+    return "\n".join(["## Student gate", "", f"The distilled student itself, before any variant of it may ship (gate.student): {verdict}.",
+                      "", *rows])
+
+
+def markdown(report: dict) -> str:
+    """The whole report as markdown."""
+    s = report["student"]
+    out = [
+        f"# Release {report['release_id']}",
         "",
+        f"Profile `{report['profile']}` · staging: **{report['staging'] or 'none'}**"
+        + (f" (version {report['staging_version']})" if report.get("staging_version") else ""),
+        "",
+    ]
+    if report["variants"]:
+        out += [table(report["variants"]), "", gate_paragraph(report), ""]
+    else:
+        out += ["No variant was quantized: the student gate refused the student first.", ""]
+    if report.get("student_gate"):
+        out += [student_gate_section(report["student_gate"]), ""]
+    out += [
         "## Student vs teacher",
         "",
         f"{s['student_layers']}-layer student ({s['student_params'] / 1e6:.1f} M parameters, teacher/student size ratio "
-        f"{s['size_ratio']:.1f}×), {s['steps']} distillation steps, quality {s['student_quality_pct']:.0f}% of the teacher "
-        "(teacher perplexity / student perplexity). Held out from training:",
+        f"{s['size_ratio']:.1f}×), {s['steps']} distillation steps, {quality_phrase(s)}. Held out from training:",
         "",
         student_table(s),
         "",
@@ -253,7 +305,7 @@ def markdown(report: dict) -> str:
         if s.get("student_ppl") and s.get("teacher_ppl") else "",
     ]
     staged = staged_row(report)
-    for row in [r for r in (staged, report["variants"][0]) if r and r.get("answers")][:1]:
+    for row in [r for r in (staged, *report["variants"][:1]) if r and r.get("answers")][:1]:
         out += ["", answers_section(row)]
     if report.get("plots"):
         p = report["plots"]

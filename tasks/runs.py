@@ -282,6 +282,24 @@ def mlflow_step_logger(client: Any, run_id: str) -> MlflowStepLogger:
     return MlflowStepLogger(client, run_id)
 
 
+# Release parent-run tag: "passed", or "failed: <each missed limit>" (tasks/evaluation/student_gate.py).
+STUDENT_GATE_TAG = "edgeflow.student_gate"
+
+
+def record_student_gate(ctx: ReleaseContext, verdict: dict[str, Any]) -> None:
+    """Record the student gate's verdict on the release's parent run: the tag, each measured value as a metric
+    `student_gate.<measure>`, and the whole verdict as student_gate.json."""
+    from mlflow import MlflowClient
+
+    c = MlflowClient(tracking_uri())
+    run = ctx.mlflow_parent_run_id
+    c.set_tag(run, STUDENT_GATE_TAG, "passed" if verdict["passed"] else ("failed: " + "; ".join(verdict["failures"]))[:5000])
+    for measure, value in verdict["measures"].items():
+        if value is not None:
+            c.log_metric(run, f"student_gate.{measure}", float(value))
+    c.log_dict(run, verdict, "student_gate.json")
+
+
 # Distill-run tag: {training file: sha256}. Training files are inputs, not outputs, so no ArtifactRef
 # carries their content hash; without this tag lineage could name the files but not what they held.
 TRAINING_SET_TAG = "edgeflow.training_set"

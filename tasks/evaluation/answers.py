@@ -70,6 +70,12 @@ def answer_prompts(backend: Any, session: Any, engine_dir: Path) -> list[dict[st
     return out
 
 
+def ok_share(answers: list[dict[str, Any]]) -> float:
+    """The share of answers that are not degenerate (0 for none): what gate.min_answers_ok and
+    gate.student.min_answers_ok limit."""
+    return sum(not a["degenerate"] for a in answers) / len(answers) if answers else 0.0
+
+
 def summary(answers: list[dict[str, Any]]) -> dict[str, Any]:
     """What the report's table and the demo's last lines say about a variant's answers."""
     n = len(answers)

@@ -12,7 +12,7 @@ from pathlib import Path
 from tasks.calibration import allocate
 from tasks.config import GateConfig
 from tasks.engines import generate_many, get_backend
-from tasks.evaluation.answers import answer_prompts, summary
+from tasks.evaluation.answers import answer_prompts, ok_share, summary
 from tasks.evaluation.metrics import Accumulator, greedy_exact_match, log_softmax
 from tasks.evaluation.reference import Reference
 from tasks.progress import LoopProgress
@@ -71,6 +71,33 @@ def served_speed(backend, session, prompt_ids: list[int], engine_dir: Path) -> d
                      "decode_settings": ", ".join(f"{k} {v}" for k, v in sorted(defaults.items())) or "greedy"}
 
 
+def variant_reasons(m: dict, gate: GateConfig, answers: list[dict]) -> list[str]:
+    """Why one variant fails the gate, one line per missed threshold (empty: it passed). `m`: its measured figures
+    (engine_parity, top1_agreement, kl, greedy_exact_match, ppl_increase); `answers`: its answers to the demo prompts
+    (tasks/evaluation/answers.py). Answers that degenerate fail a variant whatever its KL."""
+    reasons = []
+    if m["engine_parity"] < gate.min_engine_parity:
+        reasons.append(
+            f"engine fault: engine agrees with its own fake-quantized model on {m['engine_parity']:.1%} "
+            f"of tokens (< {gate.min_engine_parity:.1%}); the conversion is wrong, not the quantization"
+        )
+    if m["top1_agreement"] < gate.min_top1_agreement:
+        reasons.append(f"top-1 agreement {m['top1_agreement']:.2%} < {gate.min_top1_agreement:.2%}")
+    if m["kl"] > gate.max_mean_kl:
+        reasons.append(f"mean KL {m['kl']:.4f} > {gate.max_mean_kl}")
+    if gate.min_greedy_exact_match is not None and (m["greedy_exact_match"] or 0.0) < gate.min_greedy_exact_match:
+        reasons.append(
+            f"greedy {gate.greedy_tokens}-token exact match {m['greedy_exact_match']:.1%} < {gate.min_greedy_exact_match:.1%}"
+        )
+    if m["ppl_increase"] > gate.max_ppl_increase:
+        reasons.append(f"perplexity +{m['ppl_increase']:.1%} > +{gate.max_ppl_increase:.1%}")
+    if gate.min_answers_ok is not None and (share := ok_share(answers)) < gate.min_answers_ok:
+        bad = sum(a["degenerate"] for a in answers)
+        reasons.append(f"answers: {bad} of {len(answers)} demo answers degenerate, {share:.0%} not degenerate < "
+                       f"{gate.min_answers_ok:.0%} (gate.min_answers_ok)")
+    return reasons
+
+
 def run_gate(reference: Reference, variants: list[dict], gate: GateConfig, backend_name: str) -> tuple[list[dict], dict]:
     """Score every variant's engine, on this host, against the stored FP reference (tasks/evaluation/reference.py).
 
@@ -117,22 +144,7 @@ def run_gate(reference: Reference, variants: list[dict], gate: GateConfig, backe
         said = summary(answers)
         m["answers_degenerate"], m["answers_distinct_2"] = said["degenerate"], said["distinct_2_mean"]
         progress.update(len(reference.seqs) + k)  # its greedy continuations, speed and answers
-        reasons = []
-        if m["engine_parity"] < gate.min_engine_parity:
-            reasons.append(
-                f"engine fault: engine agrees with its own fake-quantized model on {m['engine_parity']:.1%} "
-                f"of tokens (< {gate.min_engine_parity:.1%}); the conversion is wrong, not the quantization"
-            )
-        if m["top1_agreement"] < gate.min_top1_agreement:
-            reasons.append(f"top-1 agreement {m['top1_agreement']:.2%} < {gate.min_top1_agreement:.2%}")
-        if m["kl"] > gate.max_mean_kl:
-            reasons.append(f"mean KL {m['kl']:.4f} > {gate.max_mean_kl}")
-        if gate.min_greedy_exact_match is not None and (m["greedy_exact_match"] or 0.0) < gate.min_greedy_exact_match:
-            reasons.append(
-                f"greedy {gate.greedy_tokens}-token exact match {m['greedy_exact_match']:.1%} < {gate.min_greedy_exact_match:.1%}"
-            )
-        if m["ppl_increase"] > gate.max_ppl_increase:
-            reasons.append(f"perplexity +{m['ppl_increase']:.1%} > +{gate.max_ppl_increase:.1%}")
+        reasons = variant_reasons(m, gate, answers)
         rows.append(
             {
                 "name": v["name"],

@@ -640,6 +640,97 @@ def test_gate_nobody_can_pass_keeps_aliases_recalibrates_and_reports(services, t
     assert rows["mixed-w8attn-w4mlp"]["engine_precision"] == "int4+int8" and not rows["mixed-w8attn-w4mlp"]["passed"]
 
 
+def flow_runs_of(flow_name: str) -> list:
+    """Every flow run of one flow (e.g. deploy-edge), any state."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])), limit=200)
+
+    return asyncio.run(read())
+
+
+def refused_release(c, profile_path: Path, name: str) -> tuple[object, dict, set[str]]:
+    """Run a release that the student gate refuses; check that it registered, moved and deployed nothing. Returns the
+    flow run, its report, and the stages that ran an MLflow run under its parent run."""
+    import re
+
+    def staging_version():
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return c.get_model_version_by_alias(name, "staging").version
+        except MlflowException:  # no version staged yet (this test run alone)
+            return None
+
+    staging = staging_version()
+    versions = len(c.search_model_versions(f"name = '{name}'"))
+    deploys = len(flow_runs_of("deploy-edge"))
+    fr = run_deployment("release/release", parameters={"profile": str(profile_path), "deploy": "pool"}, timeout=1800)
+    assert fr.state.is_failed(), f"release ended {fr.state.type}: {fr.state.message}"
+    assert "Nothing was registered, staged or deployed. Fix: train longer (distill.steps, now 3)" in fr.state.message
+    assert staging_version() == staging
+    assert len(c.search_model_versions(f"name = '{name}'")) == versions
+    assert len(flow_runs_of("deploy-edge")) == deploys
+    release_id = re.search(r"\(report: reports/(\S+)\.md\)", fr.state.message).group(1)
+    report = json.loads((REPO / "reports" / f"{release_id}.json").read_text())
+    assert report["staging"] is None and report["registered"] == {} and report["deploy"] is None
+    parent = c.get_run(report["mlflow_parent_run_id"])
+    assert parent.data.tags["edgeflow.student_gate"].startswith("failed: ")
+    children = c.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    return fr, report, {r.data.tags["edgeflow.stage"] for r in children}
+
+
+def test_a_student_far_from_its_teacher_is_refused_before_quantization_and_a_rerun_refuses_it_without_distilling(services, tmp_path):
+    """test-tiny's 3-layer, 3-step student against the default student gate: refused as soon as it exists, naming
+    each missed limit, with nothing quantized, registered or deployed; run again, it is refused from the cache."""
+    import yaml
+    from mlflow import MlflowClient
+
+    data = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
+    del data["gate"]["student"]  # the defaults
+    path = tmp_path / "student-gate.yaml"
+    path.write_text(yaml.safe_dump(data))
+    c = MlflowClient(services["MLFLOW_TRACKING_URI"])
+    for attempt in range(2):
+        fr, report, stages = refused_release(c, path, data["registry"]["model_name"])
+        assert "the student gate refused the 3-layer student: held-out top-1 agreement with the teacher " in fr.state.message
+        for field in ("min_top1_vs_teacher", "max_kl_vs_teacher", "max_ppl_ratio"):
+            assert f"(gate.student.{field})" in fr.state.message
+        assert "gate.student.min_answers_ok" not in fr.state.message  # never measured: no engine was built
+        assert not stages & {"calibrate", "quantize-awq-w4a16", "consistency", "register"}, stages
+        assert report["variants"] == [] and not report["student_gate"]["passed"] and report["attempts"] == []
+        if attempt:  # the re-run found the student in the cache: no distillation ran under its parent
+            assert "distill" not in stages, stages
+
+
+def test_a_student_whose_own_answers_loop_stops_recalibration_and_its_variants_fail_on_their_answers(services, tmp_path):
+    """The answers half: the FP student's engine answers every demo prompt in loops (test-tiny's student does), so the
+    first gate attempt fails every variant on its answers, the release does not recalibrate, and refuses the student."""
+    import yaml
+    from mlflow import MlflowClient
+
+    data = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
+    data["gate"]["min_answers_ok"] = 0.6
+    data["gate"]["student"]["min_answers_ok"] = 0.6  # the teacher measures stay off: only the answers are judged
+    path = tmp_path / "answers-gate.yaml"
+    path.write_text(yaml.safe_dump(data))
+    c = MlflowClient(services["MLFLOW_TRACKING_URI"])
+    fr, report, stages = refused_release(c, path, data["registry"]["model_name"])
+    assert "share of the FP student's demo answers not degenerate 0% < 60% (gate.student.min_answers_ok)" in fr.state.message
+    # the gate ran (calibration and quantization came from the cache), once: no attempt 1, no registration
+    assert "consistency" in stages and not [s for s in stages if s.endswith("-attempt1")] and "register" not in stages, stages
+    assert [a["attempt"] for a in report["attempts"]] == [0] and report["attempts"][0]["fp_answers_ok"] == 0.0
+    for row in report["variants"]:
+        assert row["answers_ok"] == "0/5"
+        assert not row["passed"] and "answers: 5 of 5 demo answers degenerate, 0% not degenerate < 60% (gate.min_answers_ok)" in row["reasons"]
+    assert report["student_gate"]["answers_checked"] and report["student_gate"]["measures"]["answers_ok"] == 0.0
+
+
 @pytest.mark.extended  # `make test-all` only: docs/development/tests.md
 def test_a_release_on_the_llama_cpp_engine_builds_gates_and_registers_gguf_variants(services, tmp_path):
     """The same chain with `engine.backend: llama_cpp`: distillation, calibration and quantization come from the

@@ -31,7 +31,7 @@ def test_attempt_summary_names_what_passed_and_the_best_quantized_variant():
     from tasks.report import attempt_summary
 
     assert attempt_summary(_gate()) == {
-        "attempt": 1, "calibration_samples": 64, "passed": ["gptq-w4a16"],
+        "attempt": 1, "calibration_samples": 64, "passed": ["gptq-w4a16"], "fp_answers_ok": None,
         "best": "gptq-w4a16: agreement 98.00%, KL 0.0123; passed",
     }
 
