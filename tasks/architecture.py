@@ -139,6 +139,22 @@ class Architecture(BaseModel):
     rope: dict[str, Rope] = Field(description="RoPE per attention kind ('full_attention', 'sliding_attention'); both the "
                                   "same table unless the family gives sliding layers their own (Gemma 3).")
 
+    def params(self, layers: int | None = None) -> int:
+        """Parameters of this model with `layers` decoder layers (default: all of them): attention, MLP and norm
+        weights per layer, the embedding, the head unless tied, the final norm."""
+        h, hd = self.hidden_size, self.head_dim
+        q, kv = self.num_attention_heads * hd, self.num_key_value_heads * hd
+        attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if self.qkv_bias else 0) + (2 * hd if self.qk_norm else 0)
+        mlp = 3 * h * self.intermediate_size
+        norms = h * (4 if self.sandwich_norms else 2)
+        n = self.num_hidden_layers if layers is None else layers
+        return n * (attn + mlp + norms) + self.embedding_params + h
+
+    @property
+    def embedding_params(self) -> int:
+        """Parameters of the embedding and the head (one table when tied): what no layer cut removes."""
+        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+
     def window(self, layer: int) -> int | None:
         """The sliding window of `layer`, or None when it attends to every earlier position."""
         return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
@@ -349,3 +365,31 @@ def transformers_kwargs(model_dir) -> dict[str, Any]:
     path = Path(model_dir) / "config.json"
     config = json.loads(path.read_text()) if path.exists() else {}
     return {"attn_implementation": "eager"} if config.get("attn_logit_softcapping") else {}
+
+
+# A layer cut that removes less than this share of the teacher's parameters is rarely worth a distillation: the
+# Gemma 3 270M demo kept 14 of 18 layers and saved 8 % (245.8 M of 268 M; its 262,144 x 640 embedding, tied with the
+# head, is 63 % of the model and no cut removes it). The student is then nearly as slow and large as the teacher, and
+# worse (BENCHMARKS.md, "The student gate").
+MIN_CUT_SAVING = 0.25
+
+
+def cut_advice(arch: Architecture, kept: int) -> str | None:
+    """None when a student of the teacher `arch` with `kept` decoder layers is at least MIN_CUT_SAVING smaller than
+    it; else what it saves, why so little, and what saves more (`edgeflow init` and `edgeflow plan` print it)."""
+    teacher, student = arch.params(), arch.params(kept)
+    saving = 1 - student / teacher
+    if saving >= MIN_CUT_SAVING:
+        return None
+    half_layers = max(1, (arch.num_hidden_layers + 1) // 2)
+    half = arch.params(half_layers)
+    fewer = (f"fewer layers (every other layer leaves {half / 1e6:.1f} M, {1 - half / teacher:.0%} smaller), "
+             if kept > half_layers else "")
+    tied = " (tied with the head)" if arch.tie_word_embeddings else " and head"
+    return (f"the student keeps {kept} of the teacher's {arch.num_hidden_layers} layers: about {student / 1e6:.1f} M of its "
+            f"{teacher / 1e6:.1f} M parameters, {saving:.0%} smaller (under {MIN_CUT_SAVING:.0%}), because the "
+            f"{arch.vocab_size:,} x {arch.hidden_size} embedding{tied} is {arch.embedding_params / teacher:.0%} of the model "
+            f"and no layer cut removes it. What saves more: {fewer}a narrower student on the same tokenizer "
+            "(distill.student_from: its embedding shrinks with its width), or pruning the vocabulary to the tokens "
+            "your traffic uses (not done by edgeflow: it costs a remapped tokenizer and head, and a token outside the "
+            "kept set can no longer be produced)")

@@ -298,6 +298,17 @@ class DistillConfig(_Strict):
                                         "offload_optimizer": True, "offload_param": True, "teacher_cache": {"max_gb"},
                                         "generation_defaults": True})
 
+    def student_layers(self, teacher_layers: int) -> int | None:
+        """Decoder layers the layer-dropped student keeps, known before any model is loaded (drop_block's block is
+        chosen at training time, not its size); None for a student_from student (its own architecture decides)."""
+        if self.student_from:
+            return None
+        if self.keep_layers is not None:
+            return len(self.keep_layers)
+        if self.drop_block is not None:
+            return teacher_layers - self.drop_block
+        return len(set(range(0, teacher_layers, self.keep_every_k)) | {teacher_layers - 1})
+
 
 class CalibrationConfig(_Strict):
     """How the calibration set is drawn; `for_attempt` derives a bounded recalibration's variant."""

@@ -18,6 +18,7 @@ import os
 import json
 import re
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -69,17 +70,6 @@ def group_size(widths: dict[str, int]) -> int:
                       "quantize per channel instead (write a recipe with strategy: channel)")
 
 
-def params(arch, layers: int) -> int:
-    """Parameters of the model with `layers` decoder layers (weights of attention, MLP and norms; embeddings; head)."""
-    h, hd = arch.hidden_size, arch.head_dim
-    q, kv = arch.num_attention_heads * hd, arch.num_key_value_heads * hd
-    attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if arch.qkv_bias else 0) + (2 * hd if arch.qk_norm else 0)
-    mlp = 3 * h * arch.intermediate_size
-    norms = h * (4 if arch.sandwich_norms else 2)
-    embed = arch.vocab_size * h * (1 if arch.tie_word_embeddings else 2)
-    return layers * (attn + mlp + norms) + embed + h
-
-
 def _mb(n: int) -> str:
     return f"{n / 1e6:,.0f} M"
 
@@ -124,7 +114,7 @@ def engine_for(arch, hosts: list[str]) -> tuple[str, str]:
 
 def render(model: str, name: str, hosts: list[str], out: Path) -> str:
     """The profile's YAML text, every choice commented."""
-    from tasks.architecture import describe
+    from tasks.architecture import cut_advice, describe
 
     config, teacher, where = read_model(model)
     try:
@@ -138,19 +128,21 @@ def render(model: str, name: str, hosts: list[str], out: Path) -> str:
     engine, why_engine = engine_for(arch, hosts)
     where_, why_place = placement(hosts)
     recipes = {v: _recipe_for(v, g, out.parent) for v in RECIPES}
+    advice = cut_advice(arch, keep)
+    cut_note = ("\n" + "\n".join("  # " + line for line in textwrap.wrap("Worth knowing: " + advice, 112))) if advice else ""
     teacher_lines = "\n".join(f"  {k}: {v}" for k, v in teacher.items())
     place_lines = "\n".join(f"  {k}: {v}" for k, v in where_.items())
     return f"""# Written by `edgeflow init {model}`: a starting point; every choice below says why.
 # The model ({where}): {arch.family} ({arch.model_type}), {arch.num_hidden_layers} layers, hidden {arch.hidden_size},
 # {arch.num_attention_heads} query / {arch.num_key_value_heads} key-value heads of {arch.head_dim}, MLP {arch.intermediate_size}, \
-vocabulary {arch.vocab_size}: about {_mb(params(arch, arch.num_hidden_layers))} parameters.
+vocabulary {arch.vocab_size}: about {_mb(arch.params())} parameters.
 name: {name}
 teacher:
 {teacher_lines}
 distill:
-  # Every other layer ({keep} of {arch.num_hidden_layers}): about {_mb(params(arch, keep))} parameters, half the decoder
+  # Every other layer ({keep} of {arch.num_hidden_layers}): about {_mb(arch.params(keep))} parameters, half the decoder
   # layers' weights to read per token. For a cut closer to the teacher before training, drop_block: N removes the
-  # N consecutive layers whose removal changes the residual stream least (configs/demo-cpu.yaml measures it).
+  # N consecutive layers whose removal changes the residual stream least (configs/demo-cpu.yaml measures it).{cut_note}
   keep_every_k: 2
   steps: 2000
   batch_size: 16

@@ -67,6 +67,7 @@ class Plan:
     services: dict[str, str]  # server -> "ok" or why not
     problems: list[str] = field(default_factory=list)
     stages: list[StagePlan] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)  # e.g. a layer cut that saves too little (never a failure)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -323,7 +324,10 @@ def make_plan(profile_path: str) -> Plan:
         [out] = resolve(s, [make()])
         return out
 
-    teacher = resolved_teacher(profile) or look.recorded_teacher(profile)
+    here = resolved_teacher(profile)
+    if here is not None:
+        plan.advice += student_advice(profile)
+    teacher = here or look.recorded_teacher(profile)
     s = stage("distill")
     if teacher is None:
         s.calls.append(CallPlan("distill", "unknown", why=[
@@ -393,6 +397,23 @@ def _why(look: Lookup, call, files: dict[str, str]) -> list[str]:
 # ------------------------------------------------------------------------------------------------------------------
 
 
+def student_advice(profile: Profile) -> list[str]:
+    """What the distill settings would make of the teacher on this host, when a layer cut saves too little to be worth
+    it (tasks/architecture.py cut_advice); nothing for a family the model description does not know (the distill
+    stage names that) or a student_from student."""
+    from tasks.architecture import cut_advice, describe
+    from tasks.model_source import teacher_dir
+
+    config = teacher_dir(profile) / "config.json"
+    try:
+        arch = describe(json.loads(config.read_text()), str(config))
+    except (OSError, ValueError):
+        return []
+    kept = profile.distill.student_layers(arch.num_hidden_layers)
+    advice = cut_advice(arch, kept) if kept else None
+    return [advice] if advice else []
+
+
 def _bytes(n: int | None) -> str:
     if n is None:
         return "size unknown"
@@ -407,6 +428,7 @@ def render(plan: Plan) -> str:
     lines = [f"plan for {plan.profile} (registered model {plan.model})"]
     lines += [f"  {server}: {state}" for server, state in plan.services.items()]
     lines += [f"  placement: {p}" for p in plan.problems]
+    lines += [f"  student: {a}" for a in plan.advice]
     for s in plan.stages:
         where = "inline" if s.where == "inline" else f"pool {s.where}"
         if s.where != "inline" and not s.submitted:

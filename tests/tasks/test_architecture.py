@@ -20,8 +20,9 @@ def _saved_config(model_type: str, tmp_path: Path, **extra) -> dict:
     import transformers
 
     cfg_cls, _, fam_extra = FAMILY_MODELS[model_type]
-    cfg = getattr(transformers, cfg_cls)(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                                         num_attention_heads=4, num_key_value_heads=2, **(fam_extra | extra))
+    shape = dict(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=2)
+    cfg = getattr(transformers, cfg_cls)(**(shape | fam_extra | extra))
     cfg.save_pretrained(tmp_path)
     return json.loads((tmp_path / "config.json").read_text())
 
@@ -203,3 +204,40 @@ def test_readme_support_matrix_is_the_code_s() -> None:
             assert cell.startswith(("runs", "unverified on GPU")) is runs, (mt, backend, cell)
             assert cell.startswith("refused") is (not runs), (mt, backend, cell)
     assert seen == set(A.FAMILIES)
+
+
+@pytest.mark.parametrize("model_type", list(FAMILY_MODELS))
+def test_the_parameter_count_is_the_models_own_for_every_family_and_every_cut(model_type: str, tmp_path: Path) -> None:
+    import transformers
+
+    config = _saved_config(model_type, tmp_path)
+    arch = A.describe(config)
+    _, model_cls, _ = FAMILY_MODELS[model_type]
+    for layers in (3, 1):
+        cut = {"num_hidden_layers": layers} | ({"layer_types": config["layer_types"][:layers]} if config.get("layer_types") else {})
+        cfg = transformers.AutoConfig.for_model(**(config | cut))
+        model = getattr(transformers, model_cls)(cfg)
+        assert arch.params(layers) == sum(p.numel() for p in model.parameters()), (model_type, layers)
+
+
+def test_a_cut_that_leaves_the_embedding_most_of_the_model_says_so_and_what_saves_more(tmp_path: Path) -> None:
+    # Gemma 3 270M's shape: 18 layers of width 640 under a 262,144-token embedding tied with the head
+    gemma = A.describe(_saved_config("gemma3_text", tmp_path, vocab_size=262144, hidden_size=640, intermediate_size=2048,
+                                     num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+                                     layer_types=["sliding_attention"] * 5 + ["full_attention"] + ["sliding_attention"] * 12))
+    assert round(gemma.params() / 1e6, 1) == 268.1 and round(gemma.params(14) / 1e6, 1) == 245.8  # the demo's cut, measured
+    advice = A.cut_advice(gemma, 14)
+    assert advice.startswith("the student keeps 14 of the teacher's 18 layers: about 245.8 M of its 268.1 M parameters, 8% smaller")
+    assert "262,144 x 640 embedding (tied with the head) is 63% of the model" in advice
+    assert "fewer layers (every other layer leaves 217.9 M, 19% smaller)" in advice and "distill.student_from" in advice
+    assert "fewer layers" not in A.cut_advice(gemma, 9)  # already every other layer: only a narrower student or vocabulary
+    assert A.cut_advice(gemma, 4) is None  # 4 of 18 layers: 29 % smaller, enough
+
+
+@pytest.mark.parametrize("settings, teacher_layers, layers", [
+    ({"keep_every_k": 15}, 30, 3), ({"keep_every_k": 2}, 18, 10), ({"drop_block": 4}, 18, 14),
+    ({"keep_layers": [0, 5, 17]}, 18, 3), ({"student_from": "some/dir"}, 18, None)])
+def test_the_student_s_layers_are_known_from_the_distill_settings_before_any_model_loads(settings, teacher_layers, layers) -> None:
+    from tasks.config import DistillConfig
+
+    assert DistillConfig(**settings).student_layers(teacher_layers) == layers

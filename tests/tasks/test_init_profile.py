@@ -26,6 +26,7 @@ def test_init_on_the_converted_smollm2_teacher_writes_a_profile_that_loads(teach
     assert p.teacher.source == "local" and Path(p.teacher.path) == Path(teacher_dir).resolve()
     assert "Llama (llama), 30 layers, hidden 576" in text and "about 135 M parameters" in text
     assert p.distill.keep_every_k == 2 and "Every other layer (15 of 30)" in text
+    assert "Worth knowing" not in text  # 15 of 30 layers: 40 % smaller
     assert "Group size 64" in text and all("deployments/recipes/" in v.recipe for v in p.quantize.variants)  # 576: not 128
     assert p.engine.backend == "tensorrt_llm"  # an orin pool: the Jetson engine that runs Llama
     assert p.placement.where("distill") == "a100" and p.placement.where("build_engine") == "orin"
@@ -45,14 +46,15 @@ def test_init_on_the_converted_smollm2_teacher_writes_a_profile_that_loads(teach
     assert [s["where"] for s in plan["stages"]] == ["a100", "cpu", "a100", "orin", "a100", "orin", "cpu"]
     [distill] = plan["stages"][0]["calls"]
     assert distill["status"] == "compute" and distill["key"].startswith("train_student-v2-")
+    assert plan["advice"] == []
 
 
-def _tiny_qwen(root: Path, hidden: int, intermediate: int, model_type: str = "qwen2") -> Path:
+def _tiny_qwen(root: Path, hidden: int, intermediate: int, model_type: str = "qwen2", vocab: int = 512) -> Path:
     root.mkdir()
     (root / "config.json").write_text(json.dumps({
         "model_type": model_type, "architectures": ["Qwen2ForCausalLM"] if model_type == "qwen2" else ["X"],
         "hidden_size": hidden, "intermediate_size": intermediate, "num_hidden_layers": 5, "num_attention_heads": 3,
-        "num_key_value_heads": 1, "vocab_size": 512, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
+        "num_key_value_heads": 1, "vocab_size": vocab, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
         "tie_word_embeddings": True, "hidden_act": "silu"}))
     return root
 
@@ -69,6 +71,19 @@ def test_widths_that_64_does_not_divide_get_recipes_with_a_group_size_that_does(
         assert Path(v.recipe).parent == out.parent
     assert p.engine.backend == "cpu_native" and p.placement.pooled() == {}  # no pools named: everything inline
     assert "Qwen2 (qwen2)" in out.read_text()
+
+
+def test_a_model_whose_embedding_no_cut_removes_gets_a_profile_that_says_so_and_the_plan_too(tmp_path):
+    model = _tiny_qwen(tmp_path / "qwen", hidden=96, intermediate=224, vocab=65536)  # the embedding: 6.3 of 6.7 M
+    out = write(str(model), tmp_path / "profiles" / "q.yaml", hosts=[])
+    text = " ".join(line.strip().lstrip("# ") for line in out.read_text().splitlines())
+    assert "Worth knowing: the student keeps 3 of the teacher's 5 layers: about 6.6 M of its 6.7 M parameters, 3% smaller" in text
+    assert "65,536 x 96 embedding (tied with the head) is 93% of the model" in text and "vocabulary" in text
+
+    from tasks.plan import student_advice  # `edgeflow plan` says the same, from the teacher on its host
+
+    [advice] = student_advice(load_profile(out))
+    assert advice.startswith("the student keeps 3 of the teacher's 5 layers: about 6.6 M of its 6.7 M parameters")
 
 
 @pytest.mark.parametrize("make, message", [
