@@ -22,8 +22,10 @@ from tasks.artifacts import ArtifactRef
 from tasks.config import load_profile
 from tasks.runs import ReleaseContext
 
-# Defined in flows/chain.py (shared with the nightly); importable from here as before.
-__all__ = ["GateFailed", "StudentRejected", "check_student_gate", "open_release", "quantize_and_gate", "release", "run_deploy_on_pool", "summarize_attempt", "write_report"]
+# open_release, quantize_and_gate, run_deploy_on_pool and summarize_attempt are defined in flows/chain.py (shared with
+# the nightly); importable from here as before.
+__all__ = ["GateFailed", "StudentRejected", "check_student_gate", "open_release", "quantize_and_gate", "release",
+           "run_deploy_on_pool", "summarize_attempt", "write_report"]
 
 
 @task
