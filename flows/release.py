@@ -50,7 +50,7 @@ def check_student_gate(ctx: ReleaseContext, student: ArtifactRef, gate_report: A
     from tasks.evaluation.student_gate import check_student
     from tasks.runs import record_student_gate
 
-    fp = next((r for r in load_gate_report(gate_report).rows if not r.quantized), None) if gate_report is not None else None
+    fp = load_gate_report(gate_report).fp_row if gate_report is not None else None
     verdict = check_student(student.meta, ctx.resolved().gate.student, fp.answers if fp else None)
     record_student_gate(ctx, verdict)
     return verdict

@@ -37,7 +37,7 @@ def attempt_summary(gate: GateReport) -> dict:
 
     quantized = gate.quantized
     best = max(quantized, key=lambda r: r.top1_agreement, default=None)
-    fp = next((r for r in gate.rows if not r.quantized), None)
+    fp = gate.fp_row
     return {
         "attempt": gate.attempt,
         # share of the FP student's demo answers not degenerate: what gate.student.min_answers_ok limits

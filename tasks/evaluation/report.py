@@ -98,6 +98,11 @@ class GateReport(BaseModel):
         return next((r for r in self.rows if r.name == name), None)
 
     @property
+    def fp_row(self) -> GateRow | None:
+        """The FP student's row (the yardstick), or None in a report without one."""
+        return next((r for r in self.rows if not r.quantized), None)
+
+    @property
     def quantized(self) -> list[GateRow]:
         """The rows of quantized variants (the FP student's row is the yardstick, not a candidate)."""
         return [r for r in self.rows if r.quantized]
