@@ -40,7 +40,7 @@ UV_LINKS = $(foreach d,$(sort $(PIP_LINKS)),--find-links $(d))
 # compileall exits 1 for the few vendored files written for newer Pythons (e.g. torch's py312_intrinsics.py), which
 # this interpreter never imports: its status is not the install's.
 SITE_PACKAGES = $(VENV)/lib/python3.*/site-packages
-COMPILE = $(PY) -m compileall -q -j 0 $(SITE_PACKAGES) tasks flows serving scripts >/dev/null 2>&1 || true
+COMPILE = $(PY) -m compileall -q -j 0 $(SITE_PACKAGES) edgeflow scripts >/dev/null 2>&1 || true
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -71,7 +71,7 @@ pools: services
 # After `make demo`: serve the demo's current engine under the supervisor with Prometheus, Alertmanager and a
 # webhook recorder around it, wedge its engine, then freeze the whole server; print each page and its seconds.
 page-test: $(VENV)/.installed
-	$(PY) -m tasks.monitoring page-test --profile $(PROFILE)
+	$(PY) -m edgeflow.ops.monitoring page-test --profile $(PROFILE)
 
 demo: services
 	set -a; eval "$$($(PY) scripts/services.py env | sed 's/^export //')"; set +a; \
@@ -89,7 +89,7 @@ demo: services
 # other files fill in. PYTEST_WORKERS=0 runs everything in this one process.
 PYTEST_WORKERS ?= 2
 # torch's threads in each pytest worker and every stage process its releases start (EDGEFLOW_TORCH_THREADS,
-# tasks/engines/cpu_host.py): the cores divided among the workers. Two test-tiny distillations at once on 2 cores
+# edgeflow/engines/cpu_host.py): the cores divided among the workers. Two test-tiny distillations at once on 2 cores
 # took 44 s each with 2 threads apiece, 19 s with 1 (benchmarks/concurrent_distill.py; BENCHMARKS.md, "Where the
 # suite's time goes"). A value in the environment wins.
 TEST_TORCH_THREADS := $(shell w=$(PYTEST_WORKERS); n=$$(nproc); t=$$(( w > 1 ? n / w : n )); echo $$(( t > 0 ? t : 1 )))

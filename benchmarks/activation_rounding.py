@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from transformers import AutoTokenizer
 
-    from tasks.engines.checkpoint import load_dequantized
+    from edgeflow.engines.checkpoint import load_dequantized
 
     model = load_dequantized(args.quantized).float().eval()
     tok = AutoTokenizer.from_pretrained(args.quantized)

@@ -3,8 +3,8 @@
     python benchmarks/answer_defaults.py ENGINE_DIR [ENGINE_DIR ...] [--backend cpu_native] [--out /tmp/answers.json]
 
 Each engine directory is copied once per setting, its generation_config.json overlaid with the setting (the server's
-decoding defaults: serving/runtime.py:generation_defaults), and answered exactly as the consistency gate answers
-(tasks/evaluation/answers.py: the engine's chat template, seed 1, 64 tokens). Prints one markdown row per engine and
+decoding defaults: edgeflow/serving/runtime.py:generation_defaults), and answered exactly as the consistency gate answers
+(edgeflow/evaluation/answers.py: the engine's chat template, seed 1, 64 tokens). Prints one markdown row per engine and
 setting: answers that are not degenerate, and each answer's distinct-2.
 """
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks.engines import get_backend  # noqa: E402
-from tasks.engines.engine_dir import read_meta  # noqa: E402
-from tasks.evaluation.answers import answer_prompts  # noqa: E402
+from edgeflow.engines import get_backend  # noqa: E402
+from edgeflow.engines.engine_dir import read_meta  # noqa: E402
+from edgeflow.evaluation.answers import answer_prompts  # noqa: E402
 
 SETTINGS = {
     "greedy (the converted model's own)": {},

@@ -4,10 +4,10 @@
 
 What `make test` does to a 2-core box: its two pytest workers each run a release, and both distill, quantize and
 gate at the same moment, in stage processes whose torch uses every core by default. Each copy here is the distill
-stage's own function (tasks.distill.run.run_distill) on configs/test-tiny.yaml, its converted teacher and corpora,
-in a fresh interpreter with EDGEFLOW_TORCH_THREADS set as flows/__init__.py applies it, and an empty work
+stage's own function (edgeflow.distill.run.run_distill) on configs/test-tiny.yaml, its converted teacher and corpora,
+in a fresh interpreter with EDGEFLOW_TORCH_THREADS set as edgeflow/pipeline/__init__.py applies it, and an empty work
 directory (as a host that never distilled this student). `--copies 1` gives the alone figure. Prints a markdown row
-per (copies, threads) with each copy's seconds, and the machine (tasks/engines/cpu_host.py).
+per (copies, threads) with each copy's seconds, and the machine (edgeflow/engines/cpu_host.py).
 """
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ ONE = r"""
 import sys, tempfile, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-import flows  # noqa: F401  (the allocator and EDGEFLOW_TORCH_THREADS, as in a stage process)
+import edgeflow.pipeline  # noqa: F401  (the allocator and EDGEFLOW_TORCH_THREADS, as in a stage process)
 from transformers import AutoTokenizer
-from tasks.config import load_profile
-from tasks.distill.run import run_distill
-from tasks.evaluation.gate import eval_texts
-from tasks.model_source import teacher_dir
+from edgeflow.profile.config import load_profile
+from edgeflow.distill.run import run_distill
+from edgeflow.evaluation.gate import eval_texts
+from edgeflow.model.source import teacher_dir
 repo = Path(sys.argv[1])
 p = load_profile(repo / "configs" / "test-tiny.yaml")
 t = teacher_dir(p)
@@ -61,7 +61,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[2, 1], help="EDGEFLOW_TORCH_THREADS of each (default 2, 1)")
     a = ap.parse_args()
     sys.path.insert(0, str(REPO))
-    from tasks.engines.cpu_host import device_fingerprint
+    from edgeflow.engines.cpu_host import device_fingerprint
 
     m = device_fingerprint()
     print(f"machine: {m['cpu_model']}, {m['cores']} cores, ISA {' '.join(m['isa'])}")

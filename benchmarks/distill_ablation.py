@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from tasks.config import load_profile  # noqa: E402
-from tasks.distill import run_distill  # noqa: E402
-from tasks.evaluation.gate import eval_texts  # noqa: E402
-from tasks.model_source import teacher_dir  # noqa: E402
+from edgeflow.profile.config import load_profile  # noqa: E402
+from edgeflow.distill import run_distill  # noqa: E402
+from edgeflow.evaluation.gate import eval_texts  # noqa: E402
+from edgeflow.model.source import teacher_dir  # noqa: E402
 
 KEYS = ("student_ppl", "student_top1_vs_teacher", "student_kl_vs_teacher", "student_quality_pct")
 

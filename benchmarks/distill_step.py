@@ -5,9 +5,9 @@
 The step is the demo's shape: SmolLM2-135M-Instruct as the teacher (no gradient) and a 24-layer cut of it as the
 student, 4 sequences of 128 tokens, a KL loss on the full vocabulary, backward and an AdamW step. Each
 (allocator, precision) pair runs in a fresh interpreter, since the malloc settings are per process: `on` is what
-every stage process does (tasks/allocator.py, applied before torch loads), `off` is glibc's defaults; `bf16` is
+every stage process does (edgeflow/ops/allocator.py, applied before torch loads), `off` is glibc's defaults; `bf16` is
 distill.mixed_precision's autocast, `fp32` none. One warm-up step, then --steps timed; rounds alternate the pairs.
-Prints a markdown row per measurement with the CPU model and its ISA flags (tasks/engines/cpu_host.py).
+Prints a markdown row per measurement with the CPU model and its ISA flags (edgeflow/engines/cpu_host.py).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 STEP = r"""
 import json, os, resource, sys, time
 if os.environ["BENCH_MALLOC"] == "on":
-    from tasks.allocator import tune
+    from edgeflow.ops.allocator import tune
     tune()
 import torch
 from transformers import AutoModelForCausalLM
@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds over the four pairs")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from tasks.engines.cpu_host import device_fingerprint
+    from edgeflow.engines.cpu_host import device_fingerprint
 
     fp = device_fingerprint()
     print(f"CPU: {fp['cpu_model']}, {fp['cores']} cores, ISA {' '.join(fp['isa'])}")

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from tasks.engines import cpu_native, cpu_onnx  # noqa: E402
+from edgeflow.engines import cpu_native, cpu_onnx  # noqa: E402
 
 PROMPTS = (
     "What is the capital of France?",

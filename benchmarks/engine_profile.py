@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from tasks.engines import cpu_native  # noqa: E402
-from tasks.engines.cpu_host import THREADS_ENV  # noqa: E402
+from edgeflow.engines import cpu_native  # noqa: E402
+from edgeflow.engines.cpu_host import THREADS_ENV  # noqa: E402
 
 PROMPT = list(range(100, 143))  # 43 token ids: the length of the benchmark's chat prompt
 

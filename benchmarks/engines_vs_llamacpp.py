@@ -113,7 +113,7 @@ def _two_streams(backend, session, prompt: list[int], new_tokens: int) -> float:
 
 
 def worker(spec: dict) -> dict:
-    from tasks.engines import get_backend
+    from edgeflow.engines import get_backend
 
     backend = get_backend(spec["backend"])
     session = backend.load(Path(spec["engine"]))
@@ -176,7 +176,7 @@ def _agreement(ref: list[list[int]], got: list[list[int]]) -> dict:
 def _hf_greedy(model_dir: Path, prompts: list[list[int]], stop: list[int], dequantized: bool) -> list[list[int]]:
     import torch
 
-    from tasks.engines.checkpoint import load_dequantized
+    from edgeflow.engines.checkpoint import load_dequantized
     from transformers import AutoModelForCausalLM
 
     model = load_dequantized(model_dir) if dequantized else AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -233,7 +233,7 @@ def build_llama_bench() -> Path:
 def _llama_bench(binary: str, gguf: Path, prefill: int, new_tokens: int) -> dict:
     """One run of llama-bench on `gguf`: pp<prefill> and tg<new_tokens> tok/s, the threads cpu_native gets; pp is the
     median of 3 repetitions after llama-bench's own warm-up run, as cpu_native's prefill is timed."""
-    from tasks.engines.cpu_host import threads_from_env
+    from edgeflow.engines.cpu_host import threads_from_env
 
     p = subprocess.run([binary, "-m", str(gguf), "-t", str(threads_from_env()), "-p", str(prefill), "-n", "0", "-r", "3",
                         "-o", "json"], capture_output=True, text=True)
@@ -312,8 +312,8 @@ def main() -> int:
 
     from transformers import AutoTokenizer
 
-    from tasks.engines import get_backend
-    from tasks.evaluation.gate import eval_texts, greedy_prompts, tokenize
+    from edgeflow.engines import get_backend
+    from edgeflow.evaluation.gate import eval_texts, greedy_prompts, tokenize
 
     ckpts = dict(c.split("=", 1) for c in a.checkpoint)
     if a.family:

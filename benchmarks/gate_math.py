@@ -18,8 +18,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks.engines.cpu_host import device_fingerprint  # noqa: E402
-from tasks.evaluation.metrics import log_mass_outside, log_softmax, logsumexp_outside  # noqa: E402
+from edgeflow.engines.cpu_host import device_fingerprint  # noqa: E402
+from edgeflow.evaluation.metrics import log_mass_outside, log_softmax, logsumexp_outside  # noqa: E402
 
 POSITIONS, VOCAB, TOP_K, REPS = 128, 49152, 64, 10
 

@@ -1,4 +1,4 @@
-"""Greedy continuations one at a time against all in flight together (tasks.engines.generate_many), per engine,
+"""Greedy continuations one at a time against all in flight together (edgeflow.engines.generate_many), per engine,
 and the gate reference's FP side (HFScorer.greedy) one prompt at a time against one batch.
 
     python benchmarks/generate_many.py .edgeflow/artifacts/engines/fp32-cpu_native-* \
@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from tasks.engines import generate_many, get_backend  # noqa: E402
-from tasks.engines.engine_dir import read_meta  # noqa: E402
+from edgeflow.engines import generate_many, get_backend  # noqa: E402
+from edgeflow.engines.engine_dir import read_meta  # noqa: E402
 
 PROMPTS = 16
 NEW_TOKENS = 32
@@ -64,7 +64,7 @@ def main() -> None:
             lambda: [list(backend.generate(session, p, NEW_TOKENS, [])) for p in prompts],
             lambda: generate_many(backend, session, prompts, NEW_TOKENS, [])), flush=True)
     for model in a.hf:
-        from tasks.evaluation.reference import HFScorer
+        from edgeflow.evaluation.reference import HFScorer
 
         scorer = HFScorer(model)
         scorer.greedy(prompts[:1], 2, [])  # warm

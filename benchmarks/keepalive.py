@@ -5,7 +5,7 @@
 A real uvicorn server (idle timeout --server-s) and an httpx client (the OpenAI SDK's transport) send --requests
 requests, each after an idle pause within ±1 % around the server's timeout. Prints the failed requests for a client
 whose keepalive_expiry equals the server's timeout (uvicorn's and httpx's defaults are both 5 s) and for one whose
-expiry is half of it. serving.settings.KEEPALIVE_S is chosen from this: the server outlasts the client.
+expiry is half of it. edgeflow.serving.settings.KEEPALIVE_S is chosen from this: the server outlasts the client.
 """
 from __future__ import annotations
 

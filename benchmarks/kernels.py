@@ -20,8 +20,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks.engines import cpu_native  # noqa: E402
-from tasks.engines.cpu_host import device_fingerprint, threads_from_env  # noqa: E402
+from edgeflow.engines import cpu_native  # noqa: E402
+from edgeflow.engines.cpu_host import device_fingerprint, threads_from_env  # noqa: E402
 
 SHAPES = [(576, 1536), (1536, 576), (576, 576)]
 ROWS = [1, 4, 16, 128]

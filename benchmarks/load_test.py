@@ -95,8 +95,8 @@ async def load(url: str, model: str, concurrency: int, seconds: float, max_token
 
 def overhead(url: str, model: str, engine_dir: Path, tokens: int, repeats: int) -> dict:
     """Engine loop vs HTTP stream tok/s on the same chat prompt, alternating, `repeats` times each."""
-    from serving.tokenizer import LightTokenizer
-    from tasks.engines import get_backend
+    from edgeflow.serving.tokenizer import LightTokenizer
+    from edgeflow.engines import get_backend
 
     meta = json.loads((engine_dir / "engine.json").read_text())
     backend = get_backend(meta["backend"])

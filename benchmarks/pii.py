@@ -1,4 +1,4 @@
-"""PII scrubbing: recall on planted secrets, false positives, and time per request (tasks/pii.py).
+"""PII scrubbing: recall on planted secrets, false positives, and time per request (edgeflow/pii.py).
 
     python benchmarks/pii.py [--fixture data/pii/planted.jsonl] [--requests 300] [--json OUT.json]
 
@@ -36,7 +36,7 @@ import phonenumbers  # noqa: E402
 import stdnum  # noqa: E402
 from phonenumbers import Leniency  # noqa: E402
 
-from tasks.pii import KINDS, Scrubber, scrub, scrub_value  # noqa: E402
+from edgeflow.pii import KINDS, Scrubber, scrub, scrub_value  # noqa: E402
 
 LABEL_PLACEHOLDER = {"phone": "[PHONE]", "national_id": "[NATIONAL_ID]", "iban": "[IBAN]", "card": "[CARD]",
                      "email": "[EMAIL]", "api_key": "[API_KEY]", "token": "[TOKEN]"}
@@ -193,7 +193,7 @@ def main() -> None:
     a = ap.parse_args()
 
     import_ms = float(subprocess.run(
-        [sys.executable, "-c", "import time; t = time.perf_counter(); import tasks.pii; print((time.perf_counter() - t) * 1e3)"],
+        [sys.executable, "-c", "import time; t = time.perf_counter(); import edgeflow.pii; print((time.perf_counter() - t) * 1e3)"],
         cwd=ROOT, capture_output=True, text=True, check=True).stdout)
     t0 = time.perf_counter()
     scrub("warm up: +49 151 23456789")
@@ -274,7 +274,7 @@ def main() -> None:
         add(f"chat request, one phone + one email, message texts only, region pruning {name}",
             timed(lambda req, sc=scrubber: [sc.scrub(m["content"]) for m in req["messages"]],
                   sets["one phone + one email"], a.repeat))
-    print(f"### Time per request (once per process: `import tasks.pii` {import_ms:.0f} ms, first scrub {first_call_ms:.1f} ms; "
+    print(f"### Time per request (once per process: `import edgeflow.pii` {import_ms:.0f} ms, first scrub {first_call_ms:.1f} ms; "
           "libphonenumber loads a region's metadata on its first use, the sets below are warmed on 20 items)\n\n"
           + table(["input", "samples", "p50 µs", "p99 µs", "mean µs"], rows) + "\n")
     out["first_call_ms"] = first_call_ms

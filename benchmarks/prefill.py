@@ -27,7 +27,7 @@ import json, sys, time
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
 import numpy as np
-from tasks.engines import get_backend
+from edgeflow.engines import get_backend
 b = get_backend("cpu_native"); s = b.load(Path(sys.argv[2]))
 rng = np.random.default_rng(0)
 out = {}
@@ -73,7 +73,7 @@ def main() -> None:
             runs[e].append(json.loads(p.stdout.strip().splitlines()[-1]))
             print(f"round {r + 1}: {e}: {runs[e][-1]}", flush=True)
     sys.path.insert(0, str(ROOT))
-    from tasks.engines.cpu_host import device_fingerprint
+    from edgeflow.engines.cpu_host import device_fingerprint
 
     print("\nmachine:", device_fingerprint())
     cols = list(runs[a.engine[0]][0])

@@ -9,7 +9,7 @@ held-out evaluation sequences (data/eval: chat, wiki, math; disjoint from the ca
      W8-attention/W4-MLP recipes for scale.
   2. Calibration data: GPTQ and AWQ calibrated on the domain mix vs on the same number of samples
      from a single generic source (wiki only), scored per domain.
-Models are scored as their exactly dequantized weights (tasks.engines.checkpoint.load_dequantized): the same
+Models are scored as their exactly dequantized weights (edgeflow.engines.checkpoint.load_dequantized): the same
 numbers the CPU engine runs (engine parity is tested in tests/tasks/engines). Writes a markdown
 table to --out and the raw numbers to the same path with .json.
 """
@@ -29,15 +29,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
-from tasks.calibration import build_calibration_set, check_no_leakage  # noqa: E402
-from tasks.config import REPO_ROOT, load_profile  # noqa: E402
-from tasks.evaluation.gate import tokenize  # noqa: E402
-from tasks.evaluation.reference import HFScorer  # noqa: E402
-from tasks.evaluation.metrics import Accumulator, log_softmax  # noqa: E402
-from tasks.model_source import teacher_dir  # noqa: E402
-from tasks.quantize import quantize  # noqa: E402
-from tasks.recipe import load_recipe  # noqa: E402
-from tasks.textdata import load_texts  # noqa: E402
+from edgeflow.calibration.mix import build_calibration_set, check_no_leakage  # noqa: E402
+from edgeflow.paths import REPO_ROOT  # noqa: E402
+from edgeflow.profile.config import load_profile  # noqa: E402
+from edgeflow.evaluation.gate import tokenize  # noqa: E402
+from edgeflow.evaluation.reference import HFScorer  # noqa: E402
+from edgeflow.evaluation.metrics import Accumulator, log_softmax  # noqa: E402
+from edgeflow.model.source import teacher_dir  # noqa: E402
+from edgeflow.quantize.run import quantize  # noqa: E402
+from edgeflow.quantize.recipe import load_recipe  # noqa: E402
+from edgeflow.calibration.textdata import load_texts  # noqa: E402
 
 RECIPES = REPO_ROOT / "deployments" / "recipes"
 # (row name, recipe file, calibration set)

@@ -5,7 +5,7 @@
 
 The student is the demo's teacher (SmolLM2-135M-Instruct) with the block of six layers 12-17 dropped: the demo
 student's 24 layers and shapes, without distilling one first. Calibration: 256-token sequences of random token ids
-(the time does not depend on the text). Each `recipe:n` argument times `tasks.quantize.quantize` with
+(the time does not depend on the text). Each `recipe:n` argument times `edgeflow.quantize.run.quantize` with
 deployments/recipes/<recipe>.yaml, the demo profile's recipe overrides and the first n sequences: load, oneshot,
 save compressed, weight errors, as the quantize stage runs it. Prints one RESULT line per argument.
 
@@ -32,11 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from tasks.config import REPO_ROOT, load_profile  # noqa: E402
-from tasks.distill.student import keep_layers  # noqa: E402
-from tasks.model_source import teacher_dir  # noqa: E402
-from tasks.quantize import quantize  # noqa: E402
-from tasks.recipe import load_recipe  # noqa: E402
+from edgeflow.paths import REPO_ROOT  # noqa: E402
+from edgeflow.profile.config import load_profile  # noqa: E402
+from edgeflow.distill.student import keep_layers  # noqa: E402
+from edgeflow.model.source import teacher_dir  # noqa: E402
+from edgeflow.quantize.run import quantize  # noqa: E402
+from edgeflow.quantize.recipe import load_recipe  # noqa: E402
 
 DROPPED = range(12, 18)
 SAMPLES = 64  # calibration sequences generated; a run uses the first n

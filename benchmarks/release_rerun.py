@@ -60,8 +60,9 @@ def run_release(profile: str):
 def main() -> None:
     from mlflow import MlflowClient
 
-    from tasks.config import REPO_ROOT, load_profile
-    from tasks.runs import tracking_uri
+    from edgeflow.paths import REPO_ROOT
+    from edgeflow.profile.config import load_profile
+    from edgeflow.tracking.runs import tracking_uri
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--profile", default="configs/demo-cpu.yaml")

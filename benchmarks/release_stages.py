@@ -14,7 +14,7 @@ For every stage of the release, in the order it ran, one row of seconds:
 - `handoff`: this stage's end → the next stage's flow run created (the release noticing, then submitting).
 
 A stage whose task was a cache hit has no MLflow run of this release: its `work` is empty and its time is `prep`. A
-pool-placed stage the release found cached without submitting it (flows/stages.py) is the row `<stage> (look-up)`:
+pool-placed stage the release found cached without submitting it (edgeflow/pipeline/stages.py) is the row `<stage> (look-up)`:
 the look-up's task run in the release's process, all `prep`.
 The row `open` is the release's first seconds (its MLflow run, the profile's files published); the last stage's
 `handoff` holds its report; `(release)` is the whole flow run, with its own process start. The sums say how much of
@@ -30,7 +30,7 @@ from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tasks.runs import tracking_uri  # noqa: E402
+from edgeflow.tracking.runs import tracking_uri  # noqa: E402
 
 
 def _s(a: datetime | None, b: datetime | None) -> float | None:
@@ -67,7 +67,7 @@ def flow_runs(release_flow_run_id: str) -> tuple[object, list[tuple[object, str,
     return top, sorted(subs, key=lambda x: x[0].created), look_ups
 
 
-# The release's look-up of a stage it may not need to submit (flows/stages.py run_stage): a task run of the release.
+# The release's look-up of a stage it may not need to submit (edgeflow/pipeline/stages.py run_stage): a task run of the release.
 LOOK_UP = ": cache look-up"
 
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from serving.tokenizer import LightTokenizer  # noqa: E402
-from tasks.engines import get_backend  # noqa: E402
-from tasks.engines.sampling import SamplingParams  # noqa: E402
+from edgeflow.serving.tokenizer import LightTokenizer  # noqa: E402
+from edgeflow.engines import get_backend  # noqa: E402
+from edgeflow.engines.sampling import SamplingParams  # noqa: E402
 
 PROMPTS = ("What is the capital of France?", "Write a haiku about the sea.", "Explain photosynthesis in one sentence.")
 SETTINGS = {

@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO))
 
 import services  # noqa: E402
 
-from tasks.engines.cpu_host import device_fingerprint  # noqa: E402
+from edgeflow.engines.cpu_host import device_fingerprint  # noqa: E402
 
 T0 = time.time()
 

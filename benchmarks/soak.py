@@ -3,7 +3,7 @@
     python benchmarks/soak.py --engine .edgeflow/device/engines/<key> --minutes 10
     python benchmarks/soak.py --url http://127.0.0.1:8000 --pid 1234 --model edgeflow-student --minutes 10
 
-With --engine it starts `python -m serving.server` on a free loopback port itself (max_concurrency
+With --engine it starts `python -m edgeflow.serving.server` on a free loopback port itself (max_concurrency
 --slots, an access log in a temporary directory, scrubbing on: the device's defaults) and stops it at
 the end; with --url it drives a running server and samples --pid's memory.
 
@@ -224,7 +224,7 @@ def main() -> int:
         port = _free_port()
         log_dir = Path(tempfile.mkdtemp(prefix="soak-"))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "serving.server", "--engine", str(a.engine), "--host", "127.0.0.1", "--port", str(port),
+            [sys.executable, "-m", "edgeflow.serving.server", "--engine", str(a.engine), "--host", "127.0.0.1", "--port", str(port),
              "--model-name", a.model, "--max-concurrency", str(a.slots), "--access-log", str(log_dir / "access.jsonl")],
             stdout=(log_dir / "server.log").open("w"), stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[1])
         url, pid = f"http://127.0.0.1:{port}", proc.pid

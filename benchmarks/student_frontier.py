@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from tasks.config import load_profile  # noqa: E402
-from tasks.distill import run_distill  # noqa: E402
-from tasks.evaluation.gate import eval_texts  # noqa: E402
-from tasks.model_source import teacher_dir  # noqa: E402
+from edgeflow.profile.config import load_profile  # noqa: E402
+from edgeflow.distill import run_distill  # noqa: E402
+from edgeflow.evaluation.gate import eval_texts  # noqa: E402
+from edgeflow.model.source import teacher_dir  # noqa: E402
 
 
 def main() -> None:
@@ -87,12 +87,12 @@ def _cache(m: dict) -> str:
 
 
 def _with_answers(teacher: Path, tok, cfg, corpora: list[Path], work: Path) -> tuple[list[Path], dict]:
-    """The corpora plus the teacher's answers file (tasks/distill/seqkd.py), generated once per work directory."""
+    """The corpora plus the teacher's answers file (edgeflow/distill/seqkd.py), generated once per work directory."""
     from transformers import AutoModelForCausalLM
 
-    from tasks.artifacts import sha256_tree
-    from tasks.distill import seqkd
-    from tasks.distill.run import teacher_cache_root
+    from edgeflow.tracking.artifacts import sha256_tree
+    from edgeflow.distill import seqkd
+    from edgeflow.distill.run import teacher_cache_root
 
     t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(teacher, dtype=torch.float32).eval()

@@ -18,11 +18,11 @@ sys.path.insert(0, str(REPO))
 def main() -> int:
     from prefect.deployments import run_deployment
 
-    from tasks.config import load_profile
-    from tasks.progress import follow
-    from tasks.evaluation.answers import repetition
-    from tasks.report import quality_phrase, staged_row, table
-    from tasks.runs import tracking_uri
+    from edgeflow.profile.config import load_profile
+    from edgeflow.pipeline.progress import follow
+    from edgeflow.evaluation.answers import repetition
+    from edgeflow.tracking.report import quality_phrase, staged_row, table
+    from edgeflow.tracking.runs import tracking_uri
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--profile", default="configs/demo-cpu.yaml")

@@ -90,24 +90,24 @@ def model_tables(model: type, prefix: str, seen: set[str] | None = None) -> list
 
 
 def profile_page() -> str:
-    from tasks.config import Profile
+    from edgeflow.profile.config import Profile
 
     head = ("# Profile reference\n\n" + GENERATED +
-            "A profile is one YAML file (`configs/*.yaml`), validated when it loads (`tasks/config.py:Profile`): every "
+            "A profile is one YAML file (`configs/*.yaml`), validated when it loads (`edgeflow/profile/config.py:Profile`): every "
             "model refuses unknown keys, and a bad value is named with its limit and the fix before anything runs. "
             "`edgeflow init MODEL` writes one for your own model.\n\n")
     return head + "\n".join(model_tables(Profile, "")) + "\n"
 
 
 def server_page() -> str:
-    from serving.protocol import ChatRequest, CompletionRequest, Feedback
-    from serving.settings import KEEPALIVE_S, ServerSettings
+    from edgeflow.serving.protocol import ChatRequest, CompletionRequest, Feedback
+    from edgeflow.serving.settings import KEEPALIVE_S, ServerSettings
 
     lines = ["# Edge server reference", "", GENERATED.strip(), "",
-             "`edgeflow serve ENGINE_DIR` (`python -m serving.server`) serves one engine directory: an OpenAI-compatible "
+             "`edgeflow serve ENGINE_DIR` (`python -m edgeflow.serving.server`) serves one engine directory: an OpenAI-compatible "
              "API, a chat page at `/`, `/health` (one real token through the engine), `/ready` and `/metrics`. A running "
              "server describes itself at `GET /openapi.json`.", "",
-             f"Idle client connections are kept {KEEPALIVE_S} s (`serving.settings.KEEPALIVE_S`), longer than the 5 s "
+             f"Idle client connections are kept {KEEPALIVE_S} s (`edgeflow.serving.settings.KEEPALIVE_S`), longer than the 5 s "
              "after which httpx-based clients drop theirs.", ""]
     lines += ["# Settings", "", "Each field is also a flag of `edgeflow serve` (`max_queue` is `--max-queue`).", ""]
     lines += model_tables(ServerSettings, "server")
@@ -121,10 +121,10 @@ def server_page() -> str:
 def metrics_page() -> str:
     import yaml
 
-    from serving.metrics import Metrics
+    from edgeflow.serving.metrics import Metrics
 
     lines = ["# Metrics and alerts", "", GENERATED.strip(), "",
-             "## Edge server metrics", "", "What `GET /metrics` exposes (`serving/metrics.py`).", "",
+             "## Edge server metrics", "", "What `GET /metrics` exposes (`edgeflow/serving/metrics.py`).", "",
              "| metric | type | help |", "|---|---|---|"]
     for metric in sorted(Metrics().registry.collect(), key=lambda m: m.name):
         suffix = {"counter": "_total", "info": "_info"}.get(metric.type, "")
@@ -146,11 +146,11 @@ def metrics_page() -> str:
 
 
 def cli_page() -> str:
-    from tasks.cli import COMMANDS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, usage
+    from edgeflow.cli.main import COMMANDS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, usage
 
     env = os.environ | {"COLUMNS": "100", "NO_COLOR": "1", "PYTHONWARNINGS": "ignore"}
     lines = ["# CLI reference", "", GENERATED.strip(), "",
-             "`edgeflow` is installed with the package (`[project.scripts]`); `python -m tasks.cli` is the same. Exit "
+             "`edgeflow` is installed with the package (`[project.scripts]`); `python -m edgeflow.cli` is the same. Exit "
              f"codes: {EXIT_OK} done, {EXIT_FAILED} a run failed, {EXIT_USAGE} bad input (one message naming the "
              "argument or field and the fix).", "", "```text", usage(), "```", ""]
     for name, cmd in COMMANDS.items():
@@ -158,7 +158,7 @@ def cli_page() -> str:
         if name in ("completion", "report"):
             lines += ["```text", cmd.example, "```", ""]
             continue
-        out = subprocess.run([sys.executable, "-m", "tasks.cli", name, "--help"], cwd=REPO, env=env,
+        out = subprocess.run([sys.executable, "-m", "edgeflow.cli", name, "--help"], cwd=REPO, env=env,
                              capture_output=True, text=True, timeout=120)
         if out.returncode != 0:
             raise RuntimeError(f"edgeflow {name} --help exited {out.returncode}: {out.stderr[-500:]}")

@@ -2,8 +2,8 @@
 
     python scripts/gpu_check.py distill --device cpu --teacher DIR --out gpu-check-out --steps 2
 
-Steps call the code the pipeline runs (tasks.distill.prepare_run/train/finish_run, tasks.quantize.quantize,
-tasks.evaluation.reference.compute_reference, tasks.evaluation.gate.run_gate on cpu_native engines), with the
+Steps call the code the pipeline runs (edgeflow.distill.prepare_run/train/finish_run, edgeflow.quantize.run.quantize,
+edgeflow.evaluation.reference.compute_reference, edgeflow.evaluation.gate.run_gate on cpu_native engines), with the
 test-tiny profile's settings, on `--device` (cuda or cpu). A step that cannot run says why (skip) and never stops
 the others; the shell script time-boxes each call.
 
@@ -156,7 +156,7 @@ def step_teacher(args) -> dict:
     gguf = Path(args.teacher_gguf)
     if not gguf.exists():
         raise Skip(f"--teacher-gguf {gguf} does not exist (was it carried?)")
-    from tasks.model_source import convert_gguf
+    from edgeflow.model.source import convert_gguf
 
     out = Path(args.out) / "work" / "teacher"
     if not (out / "model.safetensors").exists():
@@ -172,7 +172,7 @@ def step_teacher(args) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 
 def step_env(args) -> dict:
-    from tasks.envcheck import decide, fingerprint
+    from edgeflow.ops.envcheck import decide, fingerprint
 
     fp = fingerprint()
     verdict = decide("a100", fp)
@@ -190,10 +190,10 @@ def step_distill(args) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from tasks.config import load_profile
-    from tasks.distill import finish_run, prepare_run, train
-    from tasks.distill.run import compare_to_teacher
-    from tasks.evaluation.gate import eval_texts
+    from edgeflow.profile.config import load_profile
+    from edgeflow.distill import finish_run, prepare_run, train
+    from edgeflow.distill.run import compare_to_teacher
+    from edgeflow.evaluation.gate import eval_texts
 
     device = device_of(args.device)
     teacher = teacher_path(args)
@@ -237,8 +237,8 @@ def calibration_ids(tokenizer, out: Path) -> list[list[int]]:
     """test-tiny's calibration set (16 x 64 tokens), drawn as the calibrate stage draws it."""
     import pyarrow.parquet as pq
 
-    from tasks.calibration import build_calibration_set
-    from tasks.config import load_profile
+    from edgeflow.calibration.mix import build_calibration_set
+    from edgeflow.profile.config import load_profile
 
     c = load_profile(PROFILE).calibration
     path = out / "work" / "calibration.parquet"
@@ -252,11 +252,11 @@ def step_gptq(args) -> dict:
     require("gptq")
     from transformers import AutoTokenizer
 
-    from tasks.quantize import quantize
-    from tasks.recipe import load_recipe
+    from edgeflow.quantize.run import quantize
+    from edgeflow.quantize.recipe import load_recipe
 
     if args.device == "cpu":
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # tasks.quantize places the model on CUDA whenever it sees one
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # edgeflow.quantize.run places the model on CUDA whenever it sees one
     device_of(args.device)
     teacher = teacher_path(args)
     out = Path(args.out)
@@ -275,7 +275,7 @@ def step_gptq(args) -> dict:
 
 def reference_on(device, teacher: Path, quantized: dict[str, Path], seqs, prompts, gate, speed, stops):
     """compute_reference with its scorers (the FP model and the fake-quantized twins) on `device`."""
-    from tasks.evaluation import reference as ref
+    from edgeflow.evaluation import reference as ref
 
     return ref.compute_reference(teacher, quantized, seqs, prompts, gate.greedy_tokens, gate.reference_top_k, speed, stops,
                                  device=str(device))
@@ -297,11 +297,11 @@ def step_gate(args) -> dict:
     require("gate")
     from transformers import AutoTokenizer
 
-    from flows.gate_reference import SPEED_QUESTION
-    from tasks.config import load_profile
-    from tasks.engines import get_backend
-    from tasks.engines.engine_dir import stop_ids
-    from tasks.evaluation.gate import eval_texts, greedy_prompts, run_gate, tokenize
+    from edgeflow.pipeline.gate_reference import SPEED_QUESTION
+    from edgeflow.profile.config import load_profile
+    from edgeflow.engines import get_backend
+    from edgeflow.engines.engine_dir import stop_ids
+    from edgeflow.evaluation.gate import eval_texts, greedy_prompts, run_gate, tokenize
 
     cuda = device_of("cuda")
     import torch

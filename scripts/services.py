@@ -6,7 +6,7 @@
 
 Ports and places come from the environment: EDGEFLOW_HOME (.edgeflow), EDGEFLOW_PREFECT_PORT (4200),
 EDGEFLOW_MLFLOW_PORT (5055), EDGEFLOW_POOLS (a100,orin,cpu); EDGEFLOW_MONITORING=off leaves out Prometheus, Alertmanager, the blackbox exporter and
-the alert recorder (tasks/monitoring.py: their ports, EDGEFLOW_*_PORT, and the servers they watch,
+the alert recorder (edgeflow/ops/monitoring.py: their ports, EDGEFLOW_*_PORT, and the servers they watch,
 EDGEFLOW_MONITOR_TARGETS, default the demo's 127.0.0.1:8000); EDGEFLOW_SCHEDULES=off pauses every
 deployment schedule after deploying (the tests' services); EDGEFLOW_SERVERS_NICE (10) is the niceness the Prefect
 and MLflow servers run at, so stage processes on the same box get the cores first; EDGEFLOW_WORKERS=off starts the servers, pools and
@@ -23,7 +23,7 @@ slug such as `s3-bucket/edgeflow-results` (create the block first; every host ne
 Default: <EDGEFLOW_HOME>/prefect/storage, which only serves hosts that share that directory.
 
 Each process is started detached with a log under <EDGEFLOW_HOME>/logs and a pid file under <EDGEFLOW_HOME>/run,
-and stopped by process group, through tasks/processes.py (which the edge deploy uses for its servers too).
+and stopped by process group, through edgeflow/ops/processes.py (which the edge deploy uses for its servers too).
 """
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ BIN = Path(sys.executable).parent
 if str(REPO) not in sys.path:  # run as `python scripts/services.py`: sys.path[0] is scripts/
     sys.path.append(str(REPO))
 
-from tasks.engines.cpu_host import int_from_env  # noqa: E402 - needs REPO on sys.path
-from tasks.processes import MAX_NICE, alive, answers, read_pid, spawn_detached, stop_groups  # noqa: E402
+from edgeflow.engines.cpu_host import int_from_env  # noqa: E402 - needs REPO on sys.path
+from edgeflow.ops.processes import MAX_NICE, alive, answers, read_pid, spawn_detached, stop_groups  # noqa: E402
 
 # The Prefect and MLflow servers start at this niceness (EDGEFLOW_SERVERS_NICE overrides it; workers keep the default,
 # since the stage processes they start inherit theirs). On a box that also computes, the servers' polling and
@@ -72,7 +72,7 @@ def service_env(s: dict[str, str] | None = None) -> dict[str, str]:
         "PREFECT_HOME": str(home / "prefect"),
         "PREFECT_API_URL": f"http://127.0.0.1:{s['prefect_port']}/api",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "MLFLOW_DISABLE_TELEMETRY": "true",  # flows/__init__.py says why
+        "MLFLOW_DISABLE_TELEMETRY": "true",  # edgeflow/pipeline/__init__.py says why
         "PREFECT_UI_URL": f"http://127.0.0.1:{s['prefect_port']}",
         # Results persist so that a retried release skips stages whose inputs did not change.
         "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "true",
@@ -228,9 +228,9 @@ def up() -> None:
             continue
         if not (pidfile.exists() and alive(read_pid(pidfile))):
             _spawn(f"worker-{pool}", [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--name", f"local-{pool}"], env, home)
-    # Prometheus, Alertmanager, the blackbox exporter and the alert recorder (tasks/monitoring.py), unless
+    # Prometheus, Alertmanager, the blackbox exporter and the alert recorder (edgeflow/ops/monitoring.py), unless
     # EDGEFLOW_MONITORING=off; a config that amtool or promtool refuses stops `up` with its file, line and fix.
-    from tasks import monitoring
+    from edgeflow.ops import monitoring
 
     try:
         watched = monitoring.up(home)
@@ -247,7 +247,7 @@ def up() -> None:
 
 def down() -> None:
     """Stop this script's processes (<EDGEFLOW_HOME>/run) and the edge servers every profile's deploys started there or
-    in a work directory inside it (tasks/deploy.py writes them under <workdir>/run: `PROFILE=configs/demo-gemma3.yaml
+    in a work directory inside it (edgeflow/device/deploy.py writes them under <workdir>/run: `PROFILE=configs/demo-gemma3.yaml
     make demo` serves from .edgeflow/demo-gemma3/run, which `make down` must stop too)."""
     home = Path(settings()["home"])
     pidfiles = sorted({*home.glob("run/*.pid"), *home.glob("*/run/edge-*.pid")})

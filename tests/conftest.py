@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.allocator import tune
-from tasks.engines.cpu_host import apply_torch_threads
+from edgeflow.ops.allocator import tune
+from edgeflow.engines.cpu_host import apply_torch_threads
 
-tune()  # as in every stage process (flows/__init__.py): before torch loads, so its THP setting takes effect
+tune()  # as in every stage process (edgeflow/pipeline/__init__.py): before torch loads, so its THP setting takes effect
 apply_torch_threads()  # `make test` sets EDGEFLOW_TORCH_THREADS to the cores per pytest worker (Makefile)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -28,7 +28,7 @@ def pytest_configure(config) -> None:
         return
     import json
 
-    from tasks.engines.cpu_host import device_fingerprint
+    from edgeflow.engines.cpu_host import device_fingerprint
 
     facts = device_fingerprint() | {"workers": getattr(config.option, "numprocesses", None) or 0,
                                     "markers": config.getoption("markexpr") or ""}
@@ -57,8 +57,8 @@ def teacher_dir() -> Path:
     preset = os.environ.get("EDGEFLOW_TEST_TEACHER")
     if preset and Path(preset, "model.safetensors").exists():
         return Path(preset)
-    from tasks.config import load_profile
-    from tasks.model_source import teacher_dir as converted_teacher
+    from edgeflow.profile.config import load_profile
+    from edgeflow.model.source import teacher_dir as converted_teacher
 
     # Same profile (and so the same cache) as the end-to-end release test: one conversion per machine.
     path = converted_teacher(load_profile(REPO / "configs" / "test-tiny.yaml"))
@@ -96,8 +96,8 @@ def engine_dir(tmp_path_factory, teacher_dir) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tasks.distill import every_kth, keep_layers
-    from tasks.engines import get_backend
+    from edgeflow.distill import every_kth, keep_layers
+    from edgeflow.engines import get_backend
 
     root = tmp_path_factory.mktemp("serving")
     ckpt, eng = root / "tiny-ckpt", root / "engine"

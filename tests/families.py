@@ -1,4 +1,4 @@
-"""Tiny random models of every family tasks/architecture.py describes, built from transformers' config classes.
+"""Tiny random models of every family edgeflow/model/architecture.py describes, built from transformers' config classes.
 
 Each one exercises what sets its family apart from Llama: llama3-scaled RoPE (Llama 3.x), a sliding window
 shorter than the test prompts (Mistral, Gemma), q/k/v biases (Qwen2), q/k norms (Qwen3, Gemma 3), softcaps

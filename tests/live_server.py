@@ -1,4 +1,4 @@
-"""A real edge server (serving.app.create_app under uvicorn) on a free 127.0.0.1 port, in a thread."""
+"""A real edge server (edgeflow.serving.app.create_app under uvicorn) on a free 127.0.0.1 port, in a thread."""
 from __future__ import annotations
 
 import socket
@@ -16,22 +16,22 @@ def _free_port() -> int:
 
 
 class LiveServer:
-    """uvicorn serving create_app(...) in a daemon thread, like `python -m serving.server` does."""
+    """uvicorn serving create_app(...) in a daemon thread, like `python -m edgeflow.serving.server` does."""
 
     def __init__(self, engine_dir: Path, **settings) -> None:
         import uvicorn
 
-        from serving.app import ServerSettings, create_app
-        from serving.settings import uvicorn_config
+        from edgeflow.serving.app import ServerSettings, create_app
+        from edgeflow.serving.settings import uvicorn_config
 
         self.settings = ServerSettings(**settings)
         self.app = create_app(engine_dir, self.settings)
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn_config(self.app, "127.0.0.1", self.port, lifespan="on")  # what `python -m serving.server` runs
+        config = uvicorn_config(self.app, "127.0.0.1", self.port, lifespan="on")  # what `python -m edgeflow.serving.server` runs
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
-        from serving.auth import load_keys
+        from edgeflow.serving.auth import load_keys
 
         key = self.settings.api_key
         keys = sorted(load_keys(key.get_secret_value() if key else None, self.settings.api_key_file))

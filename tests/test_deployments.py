@@ -25,7 +25,8 @@ from prefect.utilities.templating import find_placeholders
 from prefect.workers.process import ProcessWorker
 from pydantic import ValidationError
 
-from tasks.config import REPO_ROOT, load_profile
+from edgeflow.paths import REPO_ROOT
+from edgeflow.profile.config import load_profile
 
 PREFECT_YAML = REPO_ROOT / "prefect.yaml"
 K8S_TEMPLATES = REPO_ROOT / "infra" / "kubernetes"
@@ -225,23 +226,23 @@ def test_every_stage_has_its_deployment_on_its_hardware():
 
 
 def test_every_flow_has_a_deployment():
-    """One deployment per flow: each @flow defined in flows/*.py is some deployment's entrypoint."""
+    """One deployment per flow: each @flow defined in edgeflow/pipeline/*.py is some deployment's entrypoint."""
     entrypoints = {d["entrypoint"] for d in deployments()}
-    for path in sorted((REPO_ROOT / "flows").glob("*.py")):
+    for path in sorted((REPO_ROOT / "edgeflow" / "pipeline").glob("*.py")):
         if path.stem == "__init__":
             continue
-        module = importlib.import_module(f"flows.{path.stem}")
+        module = importlib.import_module(f"edgeflow.pipeline.{path.stem}")
         for attr, obj in vars(module).items():
             if isinstance(obj, Flow) and obj.fn.__module__ == module.__name__:
-                assert f"flows/{path.name}:{attr}" in entrypoints, (
-                    f"flow {obj.name!r} (flows/{path.name}:{attr}) has no deployment in prefect.yaml; add one on its hardware's pool"
+                assert f"edgeflow/pipeline/{path.name}:{attr}" in entrypoints, (
+                    f"flow {obj.name!r} (edgeflow/pipeline/{path.name}:{attr}) has no deployment in prefect.yaml; add one on its hardware's pool"
                 )
 
 
 def test_every_placeable_stage_names_its_deployment():
-    """flows/stages.py sends a pool-placed stage to DEPLOYMENTS[stage]: each one exists and runs that stage's flow."""
-    from flows.stages import DEPLOYMENTS
-    from tasks.config import STAGES
+    """edgeflow/pipeline/stages.py sends a pool-placed stage to DEPLOYMENTS[stage]: each one exists and runs that stage's flow."""
+    from edgeflow.pipeline.stages import DEPLOYMENTS
+    from edgeflow.profile.config import STAGES
 
     by_name = {d["name"]: d for d in deployments()}
     assert set(DEPLOYMENTS) == set(STAGES)
@@ -255,7 +256,7 @@ def test_run_deployment_targets_exist():
     """Names that flows pass to run_deployment ("flow/deployment") resolve to a deployment of that flow."""
     by_name = {d["name"]: d for d in deployments()}
     pattern = re.compile(r"run_deployment\(\s*[\"']([^\"']+)[\"']")
-    targets = [(p.name, t) for p in sorted((REPO_ROOT / "flows").glob("*.py")) for t in pattern.findall(p.read_text())]
+    targets = [(p.name, t) for p in sorted((REPO_ROOT / "edgeflow" / "pipeline").glob("*.py")) for t in pattern.findall(p.read_text())]
     assert targets, "release dispatches deploy-edge by name; the pattern found no run_deployment call"
     for source, target in targets:
         flow_name, dep_name = target.split("/")
@@ -266,7 +267,7 @@ def test_run_deployment_targets_exist():
 # --- the checks fail where they should ---
 
 def _dep(**overrides) -> dict:
-    base = {"name": "probe", "entrypoint": "flows/release.py:release", "work_pool": {"name": "cpu"},
+    base = {"name": "probe", "entrypoint": "edgeflow/pipeline/release.py:release", "work_pool": {"name": "cpu"},
             "parameters": {"profile": "configs/demo-cpu.yaml", "deploy": "none"}}
     return base | overrides
 
@@ -281,7 +282,7 @@ def test_unknown_parameter_is_caught(pools):
 
 
 def test_unknown_parameter_is_caught_where_the_caller_supplies_the_rest(pools):
-    dep = _dep(entrypoint="flows/calibrate.py:calibrate", parameters={"attempt": 1, "steps": 3}, **{CALLER_KEY: ["ctx", "student"]})
+    dep = _dep(entrypoint="edgeflow/pipeline/calibrate.py:calibrate", parameters={"attempt": 1, "steps": 3}, **{CALLER_KEY: ["ctx", "student"]})
     with pytest.raises(DeploymentError, match="steps"):
         check_deployment(dep, pools)
 
@@ -296,18 +297,18 @@ def test_wrong_type_is_caught(pools, params, field):
 
 
 def test_wrong_type_is_caught_where_the_caller_supplies_the_rest(pools):
-    dep = _dep(entrypoint="flows/calibrate.py:calibrate", parameters={"attempt": "first"}, **{CALLER_KEY: ["ctx", "student"]})
+    dep = _dep(entrypoint="edgeflow/pipeline/calibrate.py:calibrate", parameters={"attempt": "first"}, **{CALLER_KEY: ["ctx", "student"]})
     with pytest.raises(DeploymentError, match="attempt"):
         check_deployment(dep, pools)
 
 
 def test_missing_required_parameter_is_caught(pools):
     with pytest.raises(DeploymentError, match=r"requires \['ctx'\].*x-caller-parameters"):
-        check_deployment(_dep(entrypoint="flows/distill.py:distill", parameters={}), pools)
+        check_deployment(_dep(entrypoint="edgeflow/pipeline/distill.py:distill", parameters={}), pools)
 
 
 def test_caller_parameters_must_be_real_and_unset(pools):
-    dep = _dep(entrypoint="flows/calibrate.py:calibrate", **{CALLER_KEY: ["ctx", "student", "attempt"]}, parameters={"attempt": 1})
+    dep = _dep(entrypoint="edgeflow/pipeline/calibrate.py:calibrate", **{CALLER_KEY: ["ctx", "student", "attempt"]}, parameters={"attempt": 1})
     with pytest.raises(DeploymentError, match=r"\['attempt'\]"):
         check_deployment(dep, pools)
 
@@ -331,7 +332,7 @@ def test_unknown_pool_is_caught(pools):
 
 def test_stage_on_the_wrong_hardware_is_caught(pools):
     with pytest.raises(DeploymentError, match="hardware's pool is 'a100'"):
-        check_deployment(_dep(name="distill", entrypoint="flows/distill.py:distill", work_pool={"name": "cpu"}, **{CALLER_KEY: ["ctx"]}), pools)
+        check_deployment(_dep(name="distill", entrypoint="edgeflow/pipeline/distill.py:distill", work_pool={"name": "cpu"}, **{CALLER_KEY: ["ctx"]}), pools)
 
 
 @pytest.mark.parametrize("job_variables, message", [
@@ -341,7 +342,7 @@ def test_stage_on_the_wrong_hardware_is_caught(pools):
     ({"env": {"EDGEFLOW_GPUS": "8"}}, r"EDGEFLOW_GPUS.*gpu_count"),
 ])
 def test_bad_job_variables_are_caught(pools, job_variables, message):
-    dep = _dep(name="probe-a100", entrypoint="flows/distill.py:distill", work_pool={"name": "a100", "job_variables": job_variables},
+    dep = _dep(name="probe-a100", entrypoint="edgeflow/pipeline/distill.py:distill", work_pool={"name": "a100", "job_variables": job_variables},
                parameters={}, **{CALLER_KEY: ["ctx"]})
     with pytest.raises(DeploymentError, match=message):
         check_deployment(dep, pools)

@@ -84,3 +84,26 @@ def test_the_closure_follows_extras_and_sees_a_test_only_package() -> None:
     installed = _demo_install()
     assert "openai" in installed and "mlflow" in installed and "prefect" in installed
     assert "pytest" not in installed and "playwright" not in installed
+
+
+def test_the_wheel_installs_only_the_edgeflow_package_and_its_command(tmp_path) -> None:
+    """`pip install .` adds one top-level package, `edgeflow`, with the files it reads at run time, and the
+    `edgeflow` console script: nothing named `tasks`, `flows` or `serving` to shadow another project's."""
+    import shutil
+    import subprocess
+    import zipfile
+
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(REPO / "pyproject.toml", src)
+    shutil.copytree(REPO / "edgeflow", src / "edgeflow", ignore=shutil.ignore_patterns("__pycache__"))
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+                        "-w", str(tmp_path / "out"), str(src)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (wheel,) = (tmp_path / "out").glob("edgeflow-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names} == {"edgeflow", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1]
+                                                + ".dist-info"}
+    assert {"edgeflow/serving/chat.html", "edgeflow/engines/native/q4.c", "edgeflow/cli/main.py"} <= set(names)
+    entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "edgeflow = edgeflow.cli.main:main" in entry_points

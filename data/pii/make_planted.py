@@ -94,7 +94,7 @@ PHONE_NO_KEYWORD_T = {
     "zh": "晚上六点车站见，有变化就找{v}。",
     "pt": "Encontro na estação às 18h, qualquer coisa {v}.",
 }
-# Bare digits with no word saying "phone": the case tasks.pii leaves unless a phone word is near.
+# Bare digits with no word saying "phone": the case edgeflow.pii leaves unless a phone word is near.
 BARE_NO_WORD_T = {
     "US": ("en", "Dinner at 8? If plans change: {v}"), "CN": ("zh", "明天见，有事{v}。"),
     "ES": ("es", "Nos vemos a las 8, cualquier cosa {v}."), "IT": ("it", "Ci vediamo alle 8, per ogni cosa {v}."),
@@ -335,7 +335,7 @@ def _letters(rng: random.Random, n: int) -> str:
 
 
 def _tw_ok(v: str) -> bool:
-    """Independent of tasks.pii: the published letter table (A=10 … Z=33, I=34, O=35) and weights."""
+    """Independent of edgeflow.pii: the published letter table (A=10 … Z=33, I=34, O=35) and weights."""
     table = dict(zip("ABCDEFGHJKLMNPQRSTUVXYWZIO", range(10, 36)))
     n = table[v[0]]
     total = n // 10 + (n % 10) * 9 + sum(int(c) * w for c, w in zip(v[1:9], range(8, 0, -1))) + int(v[9])

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-import flows.build_engine as stage
-from tasks.artifacts import ArtifactRef
-from tasks.codeversion import code_identity
-from tasks.config import load_profile
-from tasks.engines import cpu_native
-from tasks.runs import ReleaseContext, content_key
+import edgeflow.pipeline.build_engine as stage
+from edgeflow.tracking.artifacts import ArtifactRef
+from edgeflow.tracking.codeversion import code_identity
+from edgeflow.profile.config import load_profile
+from edgeflow.engines import cpu_native
+from edgeflow.tracking.runs import ReleaseContext, content_key
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "configs" / "test-tiny.yaml"
@@ -22,7 +22,7 @@ def _ctx() -> ReleaseContext:
 
 
 def test_build_engine_passes_the_backends_build_identity() -> None:
-    """The stage's calls (flows/build_engine.py engine_calls, what it runs and `edgeflow plan` keys): one per checkpoint,
+    """The stage's calls (edgeflow/pipeline/build_engine.py engine_calls, what it runs and `edgeflow plan` keys): one per checkpoint,
     named by its variant, with the backend's build identity in the key."""
     ckpts = [ArtifactRef(kind="student", uri="mlflow-artifacts:/x", sha256="a" * 64),
              ArtifactRef(kind="quantized", uri="mlflow-artifacts:/y", sha256="b" * 64, meta={"variant": "awq"})]

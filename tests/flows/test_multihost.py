@@ -75,7 +75,7 @@ class Host:
     """One simulated host: a Linux user, its home (0700), checkout, EDGEFLOW_HOME and worker.
 
     An `orin` host is a fleet device: its EDGEFLOW_HOME holds device.yaml and its worker is the device worker
-    (python -m tasks.fleet worker: register, then poll its own queue device-<id>, and the pool's default queue
+    (python -m edgeflow.fleet worker: register, then poll its own queue device-<id>, and the pool's default queue
     when the device also builds and gates engines)."""
 
     def __init__(self, key: str, svc: dict[str, str], results: Path, pool: str | None = None, device: dict | None = None):
@@ -117,7 +117,7 @@ class Host:
 
     def start_worker(self) -> None:
         log = open(BASE / "logs" / f"worker-{self.key}.log", "ab")
-        cmd = ([sys.executable, "-m", "tasks.fleet", "worker", "--profile", PROFILE] if self.device else
+        cmd = ([sys.executable, "-m", "edgeflow.fleet", "worker", "--profile", PROFILE] if self.device else
                [str(Path(sys.executable).parent / "prefect"), "worker", "start", "--pool", self.pool, "--name", f"host-{self.pool}"])
         self.proc = subprocess.Popen(
             self._enter(*cmd), env=self.env, cwd=self.checkout, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -222,8 +222,8 @@ def _hosts(svc: dict, results: Path, servers_env: dict, saved: dict):
         _copy_checkout(h.checkout)
     # The A100 node is provisioned with the teacher (production: teacher.source local, /models/teacher); here it
     # gets the wheel's GGUF and its conversion in its own work directory, so it downloads nothing.
-    from tasks.config import load_profile
-    from tasks.model_source import teacher_dir as converted
+    from edgeflow.profile.config import load_profile
+    from edgeflow.model.source import teacher_dir as converted
 
     src_profile = load_profile(REPO / "configs" / "test-tiny.yaml")
     work = a100.checkout / ".edgeflow" / "test-multihost"
@@ -273,7 +273,7 @@ def test_a_release_across_three_hosts_runs_each_stage_on_its_pool_and_serves_fro
     import psutil
     from mlflow import MlflowClient
 
-    from tasks.config import load_profile
+    from edgeflow.profile.config import load_profile
     from tests.flows.test_release_e2e import stage_flow_runs
 
     # the hosts cannot read each other's files, nor the servers'
@@ -460,7 +460,7 @@ def fleet(hosts):
     orin = hosts["orin"]
     # The kill -9 test took orin-a's edge servers down with its worker: the device's boot command (what
     # edgeflow-edge-server.service runs) serves its current version again, then the device re-registers.
-    for cmd in (["-m", "tasks.fleet.boot", "--profile", PROFILE], ["-m", "tasks.fleet", "register", "--profile", PROFILE]):
+    for cmd in (["-m", "edgeflow.device.boot", "--profile", PROFILE], ["-m", "edgeflow.fleet", "register", "--profile", PROFILE]):
         r = orin.as_user(sys.executable, *cmd)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     svc = {k: orin.env[k] for k in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PREFECT_FLOWS_HEARTBEAT_FREQUENCY")}
@@ -478,7 +478,7 @@ def fleet(hosts):
     prom = BASE / "prometheus"
     prom.mkdir()
     targets = prom / "devices.json"
-    subprocess.run([sys.executable, "-m", "tasks.fleet", "targets", "--pool", "orin", "--out", str(targets)], cwd=REPO,
+    subprocess.run([sys.executable, "-m", "edgeflow.fleet", "targets", "--pool", "orin", "--out", str(targets)], cwd=REPO,
                    env=os.environ, check=True)
     (prom / "prometheus.yml").write_text(json.dumps({
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -531,7 +531,7 @@ def test_devices_register_with_their_facts_and_a_targeted_deploy_runs_on_the_nam
     import psutil
     from mlflow import MlflowClient
 
-    from tasks.fleet.inventory import read_inventory
+    from edgeflow.fleet.inventory import read_inventory
 
     c = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     staging = c.get_model_version_by_alias("edgeflow-multihost", "staging").version
@@ -542,7 +542,7 @@ def test_devices_register_with_their_facts_and_a_targeted_deploy_runs_on_the_nam
     assert a.facts["mem_total_mb"] and "sku" in a.tags  # detected, merged into the tags rollouts target
     assert a.serving.version == staging and a.serving.healthy  # the release deployed staging on orin-a
     assert b.serving.version is None and b.metrics_target == "127.0.0.1:8785"
-    listing = subprocess.run([sys.executable, "-m", "tasks.fleet", "list", "--pool", "orin"], cwd=REPO, env=os.environ,
+    listing = subprocess.run([sys.executable, "-m", "edgeflow.fleet", "list", "--pool", "orin"], cwd=REPO, env=os.environ,
                              capture_output=True, text=True, check=True).stdout
     rows = {line.split()[0]: line for line in listing.splitlines()[1:]}
     assert "device-orin-b" in rows["orin-b"] and "online" in rows["orin-b"] and f"v{staging}" in rows["orin-a"]
@@ -686,7 +686,7 @@ def test_a_worker_with_other_code_refuses_the_stage_naming_both_versions(hosts):
 
     orin = hosts["orin"]
     orin.stop()
-    with open(orin.checkout / "tasks" / "store.py", "a") as f:
+    with open(orin.checkout / "edgeflow" / "tracking" / "store.py", "a") as f:
         f.write("\n# a local edit on the device\n")
     orin.start_worker()
     deadline = time.monotonic() + 120

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PROBE = ("import flows; import mlflow.telemetry.utils as u, os; "
+PROBE = ("import edgeflow.pipeline; import mlflow.telemetry.utils as u, os; "
          "print(os.environ['MLFLOW_DISABLE_TELEMETRY'], u.is_telemetry_disabled())")
 
 

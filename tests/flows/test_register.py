@@ -1,4 +1,4 @@
-from flows.register import choose_staging
+from edgeflow.pipeline.register import choose_staging
 
 
 def _row(name, size, agree, passed, quantized=True):

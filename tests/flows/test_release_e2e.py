@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 
 def run_deployment(name: str, **kwargs):
     """Prefect's run_deployment, polling the flow run's state every second: its default, 5 s, adds 2.5 s on average to
-    every call a test waits on (flows/stages.py polls the stages at POLL_S for the same reason)."""
+    every call a test waits on (edgeflow/pipeline/stages.py polls the stages at POLL_S for the same reason)."""
     from prefect.deployments import run_deployment as run
 
     return run(name, **({"poll_interval": 1} | kwargs))
@@ -72,8 +72,8 @@ def services(tmp_path_factory, teacher_dir):
     # test-tiny's edge server left by an earlier release outside this fixture (`make demo`-style runs of test-tiny
     # serve from its work directory, not from this home): on the stable port it would answer before this module's
     # first deploy, and the page the first test expects for that port being down would never come
-    from tasks.config import load_profile
-    from tasks.deploy import stop_device
+    from edgeflow.profile.config import load_profile
+    from edgeflow.device.deploy import stop_device
 
     tiny = load_profile(REPO / "configs" / "test-tiny.yaml")
     stop_device(tiny)
@@ -97,8 +97,8 @@ def services(tmp_path_factory, teacher_dir):
 
     with temporary_settings(updates={PREFECT_API_URL: svc["PREFECT_API_URL"]}):
         yield svc
-    from tasks.config import load_profile
-    from tasks.deploy import stop_device
+    from edgeflow.profile.config import load_profile
+    from edgeflow.device.deploy import stop_device
 
     stop_device(load_profile(REPO / "configs" / "test-tiny.yaml"))
     subprocess.run([sys.executable, "scripts/services.py", "down"], cwd=REPO, env=os.environ | env, check=False)
@@ -113,7 +113,7 @@ def services(tmp_path_factory, teacher_dir):
 
 
 def stage_flow_runs(release_id: str) -> dict[str, list]:
-    """{stage: [flow runs]} of a release's pool-placed stages, by the tags flows/stages.py gives them."""
+    """{stage: [flow runs]} of a release's pool-placed stages, by the tags edgeflow/pipeline/stages.py gives them."""
     import asyncio
 
     from prefect.client.orchestration import get_client
@@ -132,7 +132,7 @@ def stage_flow_runs(release_id: str) -> dict[str, list]:
 
 def edgeflow_plan(profile: str) -> dict:
     """`edgeflow plan PROFILE --json` in its own process, against the test servers (their environment)."""
-    out = subprocess.run([sys.executable, "-m", "tasks.cli", "plan", profile, "--json"], cwd=REPO, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "edgeflow.cli", "plan", profile, "--json"], cwd=REPO, capture_output=True,
                          text=True, timeout=300, env=os.environ)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return json.loads(out.stdout)
@@ -151,7 +151,7 @@ def test_release_deployment_registers_stages_and_serves(services, tmp_path):
     from mlflow import MlflowClient
     from openai import OpenAI
 
-    from tasks.config import STAGES, load_profile
+    from edgeflow.profile.config import STAGES, load_profile
 
     profile = load_profile(REPO / "configs" / "test-tiny.yaml")
     fr = run_deployment("release/release", parameters={"profile": "configs/test-tiny.yaml", "deploy": "pool"}, timeout=1800)
@@ -187,7 +187,7 @@ def test_release_deployment_registers_stages_and_serves(services, tmp_path):
     # and the long loops' progress artifacts, which the stages' workers wrote, at 100 %
     import io
 
-    from tasks.progress import follow
+    from edgeflow.pipeline.progress import follow
 
     view = io.StringIO()
     assert follow(fr.id, out=view).id == fr.id
@@ -344,8 +344,8 @@ def _register_variant_of_staging(c, name: str, edit, alias: str) -> str:
     import shutil
     import tempfile
 
-    from tasks.artifacts import sha256_tree, write_manifest
-    from tasks.registry import register_version
+    from edgeflow.tracking.artifacts import sha256_tree, write_manifest
+    from edgeflow.tracking.registry import register_version
 
     staging = c.get_model_version_by_alias(name, "staging")
     with tempfile.TemporaryDirectory() as tmp:
@@ -377,8 +377,8 @@ def test_a_gemma3_release_from_a_few_layer_cut_serves_a_chat_answer_in_its_own_t
     import httpx
     from mlflow import MlflowClient
 
-    from tasks.config import load_profile
-    from tasks.deploy import stop_device
+    from edgeflow.profile.config import load_profile
+    from edgeflow.device.deploy import stop_device
 
     rel = "configs/test-gemma3.yaml"
     profile = load_profile(REPO / rel)
@@ -394,8 +394,8 @@ def test_a_gemma3_release_from_a_few_layer_cut_serves_a_chat_answer_in_its_own_t
         c = MlflowClient(services["MLFLOW_TRACKING_URI"])
         staging = c.get_model_version_by_alias(profile.registry.model_name, "staging")
         assert staging.tags["edgeflow.variant"] == "rtn-w4a16"
-        # the converted teacher is Gemma 3 (tasks/architecture.py), its tokenizer the BPE one, its turns Gemma's
-        from tasks.model_source import teacher_dir
+        # the converted teacher is Gemma 3 (edgeflow/model/architecture.py), its tokenizer the BPE one, its turns Gemma's
+        from edgeflow.model.source import teacher_dir
 
         teacher = teacher_dir(profile)  # converted by the distill stage on this machine's a100 worker: found, not redone
         config = json.loads((teacher / "config.json").read_text())
@@ -405,7 +405,7 @@ def test_a_gemma3_release_from_a_few_layer_cut_serves_a_chat_answer_in_its_own_t
 
         url = f"http://127.0.0.1:{profile.deploy.port}"
         messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name a colour."}]
-        from serving.tokenizer import LightTokenizer  # what the server renders with
+        from edgeflow.serving.tokenizer import LightTokenizer  # what the server renders with
 
         assert LightTokenizer(teacher).apply_chat_template(messages) == (
             "<bos><start_of_turn>user\nAnswer briefly.\n\nName a colour.<end_of_turn>\n<start_of_turn>model\n")
@@ -431,8 +431,8 @@ def test_bad_rollouts_under_load_never_break_serving_and_good_ones_switch_withou
     import yaml
     from mlflow import MlflowClient
 
-    from tasks.config import load_profile
-    from tasks.deploy import read_state
+    from edgeflow.profile.config import load_profile
+    from edgeflow.device.deploy import read_state
 
     profile = load_profile(REPO / "configs" / "test-tiny.yaml")
     name = profile.registry.model_name
@@ -564,8 +564,8 @@ def test_a_variant_quantized_elsewhere_is_adopted_built_gated_and_registered(ser
     from mlflow import MlflowClient
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tasks.distill.student import keep_layers
-    from tasks.engines.checkpoint import read_config, weight_schemes, write_gptq_int4
+    from edgeflow.distill.student import keep_layers
+    from edgeflow.engines.checkpoint import read_config, weight_schemes, write_gptq_int4
     from tests.families import rtn_int4
 
     cut = tmp_path / "cut"
@@ -609,7 +609,7 @@ def test_gate_nobody_can_pass_keeps_aliases_recalibrates_and_reports(services, t
     import yaml
     from mlflow import MlflowClient
 
-    from tasks.config import load_profile
+    from edgeflow.profile.config import load_profile
 
     data = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
     data["gate"].update(min_top1_agreement=1.0, max_mean_kl=0.0, recalibration_attempts=1)  # no int4 model can be exact
@@ -806,7 +806,7 @@ def test_nightly_recalibration_over_access_logs_registers_and_moves_staging(serv
     import pandas as pd
     from mlflow import MlflowClient
 
-    from tasks.config import load_profile
+    from edgeflow.profile.config import load_profile
 
     profile = load_profile(REPO / "configs" / "test-tiny.yaml")
     name = profile.registry.model_name
@@ -879,8 +879,8 @@ def test_retry_in_the_prefect_ui_resumes_a_failed_release_without_recomputing(se
     from mlflow import MlflowClient
     from prefect.client.orchestration import get_client
 
-    from tasks.config import load_profile
-    from tasks.deploy import side_port
+    from edgeflow.profile.config import load_profile
+    from edgeflow.device.deploy import side_port
     from tests.serving.test_chat_page import CHROMIUM, CHROMIUM_ARGS
 
     if not CHROMIUM.exists() and not os.environ.get("EDGEFLOW_REQUIRE_BROWSER"):
@@ -955,9 +955,9 @@ def test_promotion_is_checked_and_rollback_serves_the_previous_version(services)
     import httpx
     from mlflow import MlflowClient
 
-    from tasks.config import load_profile
-    from tasks.deploy import read_state
-    from tasks.registry import register_version
+    from edgeflow.profile.config import load_profile
+    from edgeflow.device.deploy import read_state
+    from edgeflow.tracking.registry import register_version
 
     profile = load_profile(REPO / "configs" / "test-tiny.yaml")
     name = profile.registry.model_name
@@ -1056,9 +1056,9 @@ def release_task_runs(flow_run_id) -> list:
 
 
 def test_an_inline_stage_hands_back_without_waiting_for_its_heartbeat_thread(services):
-    """flows/heartbeats.py with the real engine and server: when a subflow (an inline stage) returns, its heartbeat
+    """edgeflow/pipeline/heartbeats.py with the real engine and server: when a subflow (an inline stage) returns, its heartbeat
     thread has been told to stop but not waited for, so the parent goes on at once; the top-level run's is joined."""
-    import flows  # noqa: F401 - importing flows/ installs it, as in every stage process
+    import edgeflow.pipeline  # noqa: F401 - importing edgeflow/pipeline/ installs it, as in every stage process
     from prefect import flow
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
@@ -1089,7 +1089,7 @@ def test_an_inline_stage_hands_back_without_waiting_for_its_heartbeat_thread(ser
 
 
 def test_a_stage_whose_output_the_store_lost_is_submitted_not_looked_up(services, capsys):
-    """The release's look-up of a pool-placed stage (flows/stages.py) against the real result store and artifact store:
+    """The release's look-up of a pool-placed stage (edgeflow/pipeline/stages.py) against the real result store and artifact store:
     test-tiny's consistency stage, cached by the first test, is found with the very result its flow run returned; with
     its gate report gone from the store (a bucket lifecycle rule, a wiped disk) it is not, naming what was lost, so
     the release submits the stage, whose own task computes the report again."""
@@ -1099,10 +1099,10 @@ def test_a_stage_whose_output_the_store_lost_is_submitted_not_looked_up(services
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 
-    from flows.consistency import stage_calls
-    from flows.stages import _look_up
-    from tasks.artifacts import ArtifactRef
-    from tasks.runs import ReleaseContext
+    from edgeflow.pipeline.consistency import stage_calls
+    from edgeflow.pipeline.stages import _look_up
+    from edgeflow.tracking.artifacts import ArtifactRef
+    from edgeflow.tracking.runs import ReleaseContext
 
     async def first():
         async with get_client() as client:
@@ -1133,7 +1133,7 @@ def test_a_stage_whose_output_the_store_lost_is_submitted_not_looked_up(services
 
 
 def test_a_second_release_or_rollout_of_the_same_model_or_fleet_is_refused_naming_the_first(services):
-    """tasks/locks.py against the real Prefect server: two release runs of test-tiny's model and two rollouts of its
+    """edgeflow/pipeline/locks.py against the real Prefect server: two release runs of test-tiny's model and two rollouts of its
     pool are active; the one that started later is refused, naming the first; the first, or a run for another model,
     goes on. The runs are made through the API (no worker picks them up) and cancelled at the end."""
     import asyncio
@@ -1141,9 +1141,9 @@ def test_a_second_release_or_rollout_of_the_same_model_or_fleet_is_refused_namin
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelled, Running
 
-    from flows.release import release
-    from flows.rollout import rollout
-    from tasks.locks import RunInProgress, model_of, pool_of, refuse_if_running
+    from edgeflow.pipeline.release import release
+    from edgeflow.pipeline.rollout import rollout
+    from edgeflow.pipeline.locks import RunInProgress, model_of, pool_of, refuse_if_running
 
     profile = "configs/test-tiny.yaml"
     made = []
@@ -1189,8 +1189,8 @@ def test_a_full_device_disk_fails_the_fetch_naming_the_bytes_and_the_serving_ver
     """deploy-edge's fetch on a disk that cannot hold the package: refused before downloading (too small), or cut
     off mid-download (the disk runs out of inodes after a few files): DiskFull names the path and the bytes needed,
     no partial file stays, and the version the device serves keeps answering."""
-    from tasks.config import load_profile
-    from tasks.deploy import DiskFull, fetch_version
+    from edgeflow.profile.config import load_profile
+    from edgeflow.device.deploy import DiskFull, fetch_version
 
     disk = tmp_path / "disk"
     disk.mkdir()
@@ -1224,7 +1224,7 @@ def test_the_tracking_and_prefect_servers_killed_mid_release_lose_nothing(servic
     from prefect.client.orchestration import get_client
     from prefect.states import AwaitingRetry
 
-    from tasks.processes import read_pid
+    from edgeflow.ops.processes import read_pid
 
     recipe = tmp_path / "gptq.yaml"  # a new GPTQ variant: its quantization and everything after it run
     recipe.write_text((REPO / "deployments" / "recipes" / "gptq-w4a16-sym.yaml").read_text()
@@ -1318,9 +1318,9 @@ def test_a_device_off_production_reconciles_to_it_and_waits_while_a_rollout_is_a
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelled, Running
 
-    from flows.rollout import rollout
-    from tasks.config import load_profile
-    from tasks.deploy import read_state
+    from edgeflow.pipeline.rollout import rollout
+    from edgeflow.profile.config import load_profile
+    from edgeflow.device.deploy import read_state
 
     profile = load_profile(REPO / "configs" / "test-tiny.yaml")
     name = profile.registry.model_name

@@ -9,8 +9,8 @@ import httpx
 import pytest
 import yaml
 
-from tasks import monitoring
-from tasks.monitoring import AM_DIR, AlertSink, MonitoringConfigError, Ports, check_alertmanager
+from edgeflow.ops import monitoring
+from edgeflow.ops.monitoring import AM_DIR, AlertSink, MonitoringConfigError, Ports, check_alertmanager
 from tests.live_server import _free_port
 
 needs_amtool = pytest.mark.skipif(shutil.which("amtool") is None, reason="amtool not installed (.ci/run installs it)")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.config import REPO_ROOT
+from edgeflow.paths import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "scripts" / "gpu_check.sh"
 STEPS = ["env", "teacher", "distill", "gptq-cuda", "gptq-cpu", "gate", "llama-cpp-cuda"]

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tasks.config import REPO_ROOT
-from tasks.envcheck import TARGETS
+from edgeflow.paths import REPO_ROOT
+from edgeflow.ops.envcheck import TARGETS
 
 IMAGES = REPO_ROOT / "infra" / "images"
 DOCKERFILES = {p.parent.name: p for p in sorted(IMAGES.glob("*/Dockerfile"))}
-ENVCHECK_ENTRYPOINT = ["python", "-m", "tasks.envcheck", "--exec", "--"]
+ENVCHECK_ENTRYPOINT = ["python", "-m", "edgeflow.ops.envcheck", "--exec", "--"]
 # Image -> {build target: EDGEFLOW_IMAGE_TARGET it must set}
 RUN_STAGES = {"cpu": {"serve": "cpu", "worker": "cpu"}, "a100": {"train": "a100", "vllm": "a100"},
               "jetson": {"jp6": "jetson-jp6", "jp7": "jetson-jp7"}}
@@ -167,7 +167,7 @@ def test_cpu_serve_covers_what_the_server_imports_at_the_repo_pins():
         key = dist.lower().replace("_", "-")
         if key in pins:
             assert version == pins[key], f"cpu serve pins {dist}=={version}, pyproject {pins[key]}"
-    # serving/ + tasks.engines.{cpu_native,cpu_onnx,llama_cpp} at serve time (checked: no torch in sys.modules)
+    # edgeflow/serving/ + edgeflow.engines.{cpu_native,cpu_onnx,llama_cpp} at serve time (checked: no torch in sys.modules)
     for need in ("fastapi", "uvicorn", "pydantic", "prometheus-client", "httpx", "psutil", "numpy", "tokenizers", "jinja2",
                  "safetensors", "onnxruntime", "onnxruntime-genai", "llama-cpp-python", "pyyaml"):
         assert need in pinned, f"cpu serve image lacks {need}"

@@ -17,7 +17,7 @@ from prefect.utilities.schema_tools import is_valid_schema, validate
 from prefect.utilities.templating import PlaceholderType, find_placeholders
 from prefect_kubernetes.worker import KubernetesWorker, KubernetesWorkerJobConfiguration
 
-from tasks.config import REPO_ROOT
+from edgeflow.paths import REPO_ROOT
 
 K8S_DIR = REPO_ROOT / "infra" / "kubernetes"
 TEMPLATES = {p.stem: p for p in sorted(K8S_DIR.glob("*.json"))}
@@ -212,9 +212,9 @@ def test_each_deployment_renders_on_its_kubernetes_pool(dep):
         cpus = str(limits["cpu"])
         cpus = float(cpus[:-1]) / 1000 if cpus.endswith("m") else float(cpus)
         assert int(env["OMP_NUM_THREADS"]) <= max(cpus, 1), "more OpenMP threads than the CPU limit"
-    # The deployments' pull step (tasks/checkout.py) enters $EDGEFLOW_REPO at run time: the job must set it, to
+    # The deployments' pull step (edgeflow/pipeline/checkout.py) enters $EDGEFLOW_REPO at run time: the job must set it, to
     # the image's checkout (a checkout holds prefect.yaml, which enter_checkout looks for).
-    assert _prefect_yaml()["pull"] == [{"tasks.checkout.enter_checkout": {}}]
+    assert _prefect_yaml()["pull"] == [{"edgeflow.pipeline.checkout.enter_checkout": {}}]
     assert env["EDGEFLOW_REPO"] == container(manifest)["workingDir"]
     placeholders = {p.name for p in find_placeholders(json.dumps(_prefect_yaml().get("pull"))) if p.type is PlaceholderType.ENV_VAR}
     assert not placeholders, f"{placeholders}: `prefect deploy` fills these on the deploying host, not on the worker"

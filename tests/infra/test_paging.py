@@ -1,12 +1,12 @@
 """The silent hang pages: a live server frozen twice, with Prometheus, Alertmanager and a webhook sink around it.
 
-The same drill `make page-test` runs (tasks.monitoring.page_drill); its seconds are in BENCHMARKS.md.
+The same drill `make page-test` runs (edgeflow.ops.monitoring.page_drill); its seconds are in BENCHMARKS.md.
 """
 from __future__ import annotations
 
 import pytest
 
-from tasks import monitoring
+from edgeflow.ops import monitoring
 
 pytestmark = pytest.mark.skipif(bool(monitoring.missing_binaries()),
                                 reason="Prometheus, Alertmanager or the blackbox exporter not installed (.ci/run installs them)")

@@ -10,7 +10,7 @@ import httpx
 import pytest
 import yaml
 
-from tasks.config import REPO_ROOT
+from edgeflow.paths import REPO_ROOT
 from tests.live_server import LiveServer, _free_port
 
 PROM = REPO_ROOT / "infra" / "prometheus"
@@ -155,7 +155,7 @@ def test_prometheus_scrapes_the_server_and_probes_its_deep_health(engine_dir, tm
 
 def _exported_names() -> set[str]:
     """Every sample name the edge server's registry can export (counters as *_total, histograms as *_bucket, …)."""
-    from serving.metrics import Metrics
+    from edgeflow.serving.metrics import Metrics
 
     m = Metrics()
     m.requests.labels(endpoint="x", status="200").inc()

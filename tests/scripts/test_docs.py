@@ -32,7 +32,7 @@ def _field_paths(model, prefix: str = "") -> list[str]:
 
 
 def test_the_profile_reference_lists_every_field_of_the_profile_with_its_description() -> None:
-    from tasks.config import Profile
+    from edgeflow.profile.config import Profile
 
     page = (REPO / "docs" / "reference" / "profile.md").read_text()
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([^`]+)` \|.*\| ([^|]*) \|$", page, re.M)}

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from tasks.processes import alive, spawn_detached
+from edgeflow.ops.processes import alive, spawn_detached
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 import httpx
 import pytest
 
-from serving.access_log import AccessLog, identity, mark_shipped, remove_shipped, segments, shipped_marker
+from edgeflow.serving.access_log import AccessLog, identity, mark_shipped, remove_shipped, segments, shipped_marker
 
 
 def _rec(i: int, ts: str = "2026-11-29T09:41:49.966Z") -> dict:

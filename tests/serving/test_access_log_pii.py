@@ -1,4 +1,4 @@
-"""The server scrubs each access-log record before writing it (tasks.pii); a flag keeps raw text."""
+"""The server scrubs each access-log record before writing it (edgeflow.pii); a flag keeps raw text."""
 from __future__ import annotations
 
 import json

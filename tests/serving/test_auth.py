@@ -1,4 +1,4 @@
-"""API keys (serving/auth.py) on a live server: 401 in the OpenAI shape, probes by flag, keys from flag/file/env."""
+"""API keys (edgeflow/serving/auth.py) on a live server: 401 in the OpenAI shape, probes by flag, keys from flag/file/env."""
 from __future__ import annotations
 
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import httpx
 import pytest
 
-from serving.auth import KEY_ENV, load_keys
+from edgeflow.serving.auth import KEY_ENV, load_keys
 from tests.live_server import LiveServer
 
 MODEL = "tiny-edge"
@@ -82,6 +82,6 @@ def test_auth_probes_protects_health_ready_metrics(engine_dir, tmp_path) -> None
 
 
 def test_cli_refuses_a_missing_key_file(engine_dir, tmp_path) -> None:
-    r = subprocess.run([sys.executable, "-m", "serving.server", "--engine", str(engine_dir),
+    r = subprocess.run([sys.executable, "-m", "edgeflow.serving.server", "--engine", str(engine_dir),
                         "--api-key-file", str(tmp_path / "absent")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--api-key-file" in r.stderr and "cannot read" in r.stderr

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving.conversation import SUMMARY_PREFIX, condense, split_turns
+from edgeflow.serving.conversation import SUMMARY_PREFIX, condense, split_turns
 
 
 def _chat(n_turns: int, system: bool = True, words: int = 30) -> list[dict[str, str]]:

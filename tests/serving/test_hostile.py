@@ -18,7 +18,7 @@ from tests.serving.test_server import ERROR_CASES, MODEL, _chat
 def process_server(engine_dir, tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("hostile") / "server.log"
-    cmd = [sys.executable, "-m", "serving.server", "--engine", str(engine_dir), "--host", "127.0.0.1", "--port", str(port),
+    cmd = [sys.executable, "-m", "edgeflow.serving.server", "--engine", str(engine_dir), "--host", "127.0.0.1", "--port", str(port),
            "--model-name", MODEL, "--max-prompt-tokens", "200", "--max-tokens-limit", "256", "--max-context", "300",
            "--max-body-bytes", str(64 * 1024), "--max-concurrency", "2", "--max-queue", "8", "--request-timeout-s", "30"]
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)

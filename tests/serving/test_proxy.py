@@ -18,12 +18,12 @@ class LiveProxy:
     def __init__(self, state, upstream=None) -> None:
         import uvicorn
 
-        from serving.proxy import create_app
-        from serving.settings import uvicorn_config
+        from edgeflow.serving.proxy import create_app
+        from edgeflow.serving.settings import uvicorn_config
 
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn_config(create_app(state, upstream), "127.0.0.1", self.port))  # as serving.proxy runs
+        self.server = uvicorn.Server(uvicorn_config(create_app(state, upstream), "127.0.0.1", self.port))  # as edgeflow.serving.proxy runs
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> "LiveProxy":
@@ -126,7 +126,7 @@ def test_an_idle_connection_stays_open_past_the_clients_own_keep_alive(blue_gree
     up first, and the proxy's pool lets its own connections go before the edge server would."""
     import socket
 
-    from serving.settings import KEEPALIVE_S, PROXY_POOL_KEEPALIVE_S
+    from edgeflow.serving.settings import KEEPALIVE_S, PROXY_POOL_KEEPALIVE_S
 
     blue = blue_green[0]
     with LiveProxy(tmp_path / "proxy.json", blue.port) as proxy:

@@ -1,4 +1,4 @@
-"""Sampling through the edge server with the openai client (a real tiny engine, tasks/engines/cpu_onnx).
+"""Sampling through the edge server with the openai client (a real tiny engine, edgeflow/engines/cpu_onnx).
 
 Seeds reproduce, stop strings cut exactly (also across tokens, in a stream), penalties change the text,
 top-k/top-p keep what they should, logprobs are the FP model's, and a parameter the engine's backend
@@ -143,7 +143,7 @@ def test_top_logprobs_without_logprobs_is_400(server) -> None:
 
 def test_unsupported_parameter_is_400_naming_it_and_the_backend(engine_dir) -> None:
     """A backend without logprobs (TensorRT-LLM's support set) refuses them instead of ignoring them."""
-    from tasks.engines import tensorrt_llm
+    from edgeflow.engines import tensorrt_llm
 
     with LiveServer(engine_dir, model_name=MODEL, max_tokens_limit=8) as s:
         s.app.state.edgeflow.runtime.sampling_support = tensorrt_llm.sampling_support()

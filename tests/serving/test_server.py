@@ -287,7 +287,7 @@ def test_chat_page_is_served_with_the_model_name(server):
 def test_access_log_rotation(tmp_path):
     import re
 
-    from serving.access_log import AccessLog
+    from edgeflow.serving.access_log import AccessLog
 
     path = tmp_path / "a.jsonl"
     log = AccessLog(path, max_bytes=1024, backups=2)
@@ -312,7 +312,7 @@ def test_incremental_decoding_of_multibyte_text(engine_dir):
     """Byte-level BPE splits CJK/emoji over several tokens; the stream must never show U+FFFD."""
     from transformers import AutoTokenizer
 
-    from serving.decoding import IncrementalDecoder
+    from edgeflow.serving.decoding import IncrementalDecoder
 
     tok = AutoTokenizer.from_pretrained(str(engine_dir))
     for text in ["你好世界🙂 café — ok", "🙂🙂🙂x", " naïve façade ✓"]:
@@ -397,7 +397,7 @@ def test_not_ready_before_engine_loads(engine_dir):
     """Without the lifespan (no load), everything that needs the engine says 503 with a reason."""
     from fastapi.testclient import TestClient
 
-    from serving.app import ServerSettings, create_app
+    from edgeflow.serving.app import ServerSettings, create_app
 
     client = TestClient(create_app(engine_dir, ServerSettings(model_name=MODEL)))  # not entered: no startup
     assert client.get("/ready").status_code == 503
@@ -498,7 +498,7 @@ def test_openai_client_raises_on_stream_error_event(tight):
 
 
 def test_cli_flags_map_to_settings():
-    from serving.app import ServerSettings, build_parser, settings_from_args
+    from edgeflow.serving.app import ServerSettings, build_parser, settings_from_args
 
     args = build_parser().parse_args(
         ["--engine", "e", "--port", "9000", "--model-name", "m", "--max-queue", "3", "--request-timeout-s", "1.5",
@@ -519,7 +519,7 @@ def test_cli_flags_map_to_settings():
 
 
 def test_cli_refuses_a_non_engine_dir(tmp_path, capsys):
-    from serving.app import main
+    from edgeflow.serving.app import main
 
     assert main(["--engine", str(tmp_path)]) == 2
     assert "engine.json" in capsys.readouterr().err
@@ -528,7 +528,7 @@ def test_cli_refuses_a_non_engine_dir(tmp_path, capsys):
 def test_deploy_smoke_chat_needs_a_finished_stream_with_tokens(server):
     """deploy-edge's smoke check: a complete stream with generated tokens passes whatever the text; a model
     name the server does not serve (an error answer) fails."""
-    from tasks.deploy import smoke_chat
+    from edgeflow.device.deploy import smoke_chat
 
     answer = smoke_chat(server.url, MODEL, "Say hello.", max_tokens=4)
     assert isinstance(answer, str)
@@ -538,8 +538,8 @@ def test_deploy_smoke_chat_needs_a_finished_stream_with_tokens(server):
 
 def test_backend_defaults_to_engine_json_and_a_named_one_must_match(engine_dir):
     """Without --backend the server runs the backend engine.json names; a different one is refused, naming both."""
-    from serving.app import ServerSettings
-    from serving.runtime import Runtime
+    from edgeflow.serving.app import ServerSettings
+    from edgeflow.serving.runtime import Runtime
 
     runtime = Runtime(engine_dir, ServerSettings(model_name=MODEL))
     assert runtime.settings.backend == json.loads((engine_dir / "engine.json").read_text())["backend"]

@@ -1,7 +1,7 @@
 import pytest
 from transformers import AutoTokenizer
 
-from serving.tokenizer import LightTokenizer
+from edgeflow.serving.tokenizer import LightTokenizer
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is 2+2?"}],

@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from serving.watchdog import EXIT_STALLED, Watchdog
+from edgeflow.serving.watchdog import EXIT_STALLED, Watchdog
 from tests.live_server import _free_port
 
 MODEL = "tiny-edge"
@@ -94,8 +94,8 @@ def test_stalled_engine_ends_open_streams_with_an_error_and_the_supervisor_resta
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "server.log"
-    cmd = [sys.executable, "-m", "serving.supervisor", "--backoff-s", "0.2", "--",
-           sys.executable, "-m", "serving.server", "--engine", str(engine_dir), "--port", str(port),
+    cmd = [sys.executable, "-m", "edgeflow.serving.supervisor", "--backoff-s", "0.2", "--",
+           sys.executable, "-m", "edgeflow.serving.server", "--engine", str(engine_dir), "--port", str(port),
            "--model-name", MODEL, "--watchdog-stall-s", "2", "--fault-stall-after-tokens", "3",
            "--request-timeout-s", "120", "--max-tokens-limit", "64"]
     sup = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -137,7 +137,7 @@ def test_stalled_engine_ends_open_streams_with_an_error_and_the_supervisor_resta
 def test_supervisor_does_not_restart_a_server_that_cannot_start(tmp_path):
     """Exit 2 (incompatible engine, bad settings) is final: a deploy must see its candidate fail at once."""
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "serving.supervisor", "--", sys.executable, "-m", "serving.server",
+    r = subprocess.run([sys.executable, "-m", "edgeflow.serving.supervisor", "--", sys.executable, "-m", "edgeflow.serving.server",
                         "--engine", str(tmp_path / "missing")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     assert "not restarting" in r.stderr and r.stderr.count("supervisor[") == 1
@@ -147,7 +147,7 @@ def test_supervisor_does_not_restart_a_server_that_cannot_start(tmp_path):
 def test_supervisor_gives_up_after_max_restarts(tmp_path):
     runs = tmp_path / "runs"
     child = f"import os,sys; open({str(runs)!r},'a').write(os.environ['EDGEFLOW_SERVER_RESTARTS']+'\\n'); sys.exit(3)"
-    r = subprocess.run([sys.executable, "-m", "serving.supervisor", "--max-restarts", "2", "--backoff-s", "0",
+    r = subprocess.run([sys.executable, "-m", "edgeflow.serving.supervisor", "--max-restarts", "2", "--backoff-s", "0",
                         "--", sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
     assert r.returncode == 3
     assert runs.read_text().split() == ["0", "1", "2"]  # first start + 2 restarts, each told its count
@@ -156,7 +156,7 @@ def test_supervisor_gives_up_after_max_restarts(tmp_path):
 
 @pytest.mark.parametrize("argv", [[], ["--max-restarts", "-1", "--", "true"], ["--liveness-failures", "0", "--", "true"]])
 def test_supervisor_usage_errors(argv):
-    r = subprocess.run([sys.executable, "-m", "serving.supervisor", *argv], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "edgeflow.serving.supervisor", *argv], capture_output=True, text=True)
     assert r.returncode == 2 and ("no command" in r.stderr or "--max-restarts must be" in r.stderr or "--liveness-failures >= 1" in r.stderr)
 
 
@@ -186,7 +186,7 @@ def test_supervisor_kills_and_restarts_a_server_that_stops_answering_and_leaves_
              "class H(http.server.SimpleHTTPRequestHandler):\n"
              f"    def log_message(self, *a): open({str(hits)!r}, 'a').write('x')\n"  # one byte per request answered
              f"http.server.HTTPServer(('127.0.0.1',{port}),H).serve_forever()")
-    sup = subprocess.Popen([sys.executable, "-m", "serving.supervisor", "--backoff-s", "0",
+    sup = subprocess.Popen([sys.executable, "-m", "edgeflow.serving.supervisor", "--backoff-s", "0",
                             "--liveness-url", f"http://127.0.0.1:{port}/", "--liveness-interval-s", "0.2",
                             "--liveness-timeout-s", "0.3", "--liveness-failures", "3", "--", sys.executable, "-c", child],
                            cwd=tmp_path, stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -103,7 +103,7 @@ def stage_results() -> dict:
 
 @pytest.fixture(scope="session")
 def calibration_rows(tiny_llama) -> list[dict]:
-    """Calibration samples with the columns tasks/calibration.py:build_calibration_set writes, ids below 512."""
+    """Calibration samples with the columns edgeflow/calibration/mix.py:build_calibration_set writes, ids below 512."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_llama)
@@ -151,17 +151,17 @@ def make_release(mlflow_server, tiny_llama, calibration_rows, stage_results, mlf
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from flows.build_engine import build_one
-    from flows.consistency import engine_precision
-    from flows.quantize import quantize_variant
-    from flows.register import register_passing
-    from flows.release import open_release
-    from tasks.artifacts import ArtifactRef, sha256_tree
-    from tasks.config import load_profile
-    from tasks.engines import get_backend
-    from tasks.recipe import load_recipe
-    from tasks.runs import content_key, log_training_set, stage_run
-    from tasks.store import materialize, publish
+    from edgeflow.pipeline.build_engine import build_one
+    from edgeflow.pipeline.consistency import engine_precision
+    from edgeflow.pipeline.quantize import quantize_variant
+    from edgeflow.pipeline.register import register_passing
+    from edgeflow.pipeline.release import open_release
+    from edgeflow.tracking.artifacts import ArtifactRef, sha256_tree
+    from edgeflow.profile.config import load_profile
+    from edgeflow.engines import get_backend
+    from edgeflow.quantize.recipe import load_recipe
+    from edgeflow.tracking.runs import content_key, log_training_set, stage_run
+    from edgeflow.tracking.store import materialize, publish
 
     def cached(task, **params):
         key = content_key(SimpleNamespace(task=task), params)
@@ -187,7 +187,7 @@ def make_release(mlflow_server, tiny_llama, calibration_rows, stage_results, mlf
         (teacher_dir / "model.safetensors").write_bytes(os.urandom(256))
         teacher = ArtifactRef(kind="teacher", uri=f"local:{teacher_dir}", sha256=sha256_tree(teacher_dir), meta={"source": "local"})
 
-        cfg = profile.distill  # as flows/distill.py:train_student records its run
+        cfg = profile.distill  # as edgeflow/pipeline/distill.py:train_student records its run
         with stage_run(ctx, "distill", cfg.model_dump() | {"teacher_sha256": teacher.sha256}) as (client, run_id):
             if training_set:
                 log_training_set(client, run_id, {c: profile.resolve(c) for c in cfg.corpora})
@@ -195,7 +195,7 @@ def make_release(mlflow_server, tiny_llama, calibration_rows, stage_results, mlf
             shutil.copytree(tiny_llama, out)
             student = publish(client, run_id, out, "student", "student", meta={"teacher": teacher.model_dump()})
 
-        with stage_run(ctx, "calibrate", profile.calibration.model_dump()) as (client, run_id):  # as flows/calibrate.py
+        with stage_run(ctx, "calibrate", profile.calibration.model_dump()) as (client, run_id):  # as edgeflow/pipeline/calibrate.py
             out = profile.work / "artifacts" / "calibration" / "calibration.parquet"
             out.parent.mkdir(parents=True)
             pq.write_table(pa.Table.from_pylist(calibration_rows), out)
@@ -203,7 +203,7 @@ def make_release(mlflow_server, tiny_llama, calibration_rows, stage_results, mlf
             calibration = publish(client, run_id, out, "calibration", "calibration",
                                   meta={"total": len(calibration_rows), "counts": counts})
 
-        # as flows/quantize.py:quantize and flows/build_engine.py:build_engine call their tasks
+        # as edgeflow/pipeline/quantize.py:quantize and edgeflow/pipeline/build_engine.py:build_engine call their tasks
         quantized = {v.name: cached(quantize_variant, student=student, calibration=calibration, variant=v,
                                     recipe=load_recipe(profile.resolve(v.recipe), profile.quantize.recipe_overrides), ctx=ctx)
                      for v in profile.quantize.variants}
@@ -212,7 +212,7 @@ def make_release(mlflow_server, tiny_llama, calibration_rows, stage_results, mlf
         engines = {name: cached(build_one, checkpoint=ref, engine=profile.engine, name=name, ctx=ctx, builder=builder)
                    for name, ref in checkpoints.items()}
 
-        # What the gate measured is test data; sizes, precisions and refs are the real artifacts' (as flows/consistency.py).
+        # What the gate measured is test data; sizes, precisions and refs are the real artifacts' (as edgeflow/pipeline/consistency.py).
         rows, gate = [], profile.gate
         for name, ckpt in checkpoints.items():
             top1 = 1.0 if name == "fp32" else variants[name]
@@ -227,7 +227,7 @@ def make_release(mlflow_server, tiny_llama, calibration_rows, stage_results, mlf
                 "checkpoint": ckpt.model_dump(), "engine": engines[name].model_dump(),
             })
         with stage_run(ctx, "consistency", gate.model_dump() | {"backend": "cpu"}) as (client, run_id):
-            out = profile.work / "releases" / ctx.release_id / "gate-attempt0.json"  # as flows/consistency.py
+            out = profile.work / "releases" / ctx.release_id / "gate-attempt0.json"  # as edgeflow/pipeline/consistency.py
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps({"thresholds": gate.model_dump(exclude={"eval_sources"}), "attempt": 0, "rows": rows}))
             gate_report = publish(client, run_id, out, "gate", "gate-report")

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from tasks.distill.data import TOKEN_SCHEMA
-from tasks.losses import StepSums, hidden_sums, kd_sums, rank_share
+from edgeflow.distill.data import TOKEN_SCHEMA
+from edgeflow.distill.losses import StepSums, hidden_sums, kd_sums, rank_share
 
 TERMS = ("kd", "ce", "hidden_mse", "total")
 

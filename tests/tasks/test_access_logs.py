@@ -1,8 +1,8 @@
 import json
 from datetime import datetime, timezone
 
-from tasks.access_logs import ingest, log_files, normalize, scrub
-from tasks.config import REPO_ROOT
+from edgeflow.calibration.access_logs import ingest, log_files, normalize, scrub
+from edgeflow.paths import REPO_ROOT
 
 LOGS = REPO_ROOT / "data" / "access_logs"
 
@@ -57,7 +57,7 @@ import pytest  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tasks.access_logs import IngestReport  # noqa: E402
+from edgeflow.calibration.access_logs import IngestReport  # noqa: E402
 
 FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 VALID = {"ts": "2026-11-29T09:41:49.966Z", "id": "req-1", "kind": "request", "model": "edgeflow-student",

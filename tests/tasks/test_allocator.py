@@ -1,4 +1,4 @@
-"""tasks/allocator.py: the stage processes' malloc settings, observed in fresh interpreters (they are per process)."""
+"""edgeflow/ops/allocator.py: the stage processes' malloc settings, observed in fresh interpreters (they are per process)."""
 from __future__ import annotations
 
 import json
@@ -18,8 +18,8 @@ class MI(ctypes.Structure):
                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
 libc = ctypes.CDLL(None); libc.mallinfo2.restype = MI
 libc.malloc.restype = ctypes.c_void_p; libc.malloc.argtypes = [ctypes.c_size_t]; libc.free.argtypes = [ctypes.c_void_p]
-import flows  # what every stage process imports first
-from tasks.allocator import tune
+import edgeflow.pipeline  # what every stage process imports first
+from edgeflow.ops.allocator import tune
 before = libc.mallinfo2(); p = libc.malloc(64 << 20); live = libc.mallinfo2(); libc.free(p); after = libc.mallinfo2()
 print(json.dumps({"state": tune(), "mmapped_live": live.hblkhd - before.hblkhd, "heap_free_after": after.fordblks,
                   "thp": os.environ.get("THP_MEM_ALLOC_ENABLE")}))

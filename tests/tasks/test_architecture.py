@@ -1,4 +1,4 @@
-"""tasks/architecture.py: the one description of a model, the support matrix, and the refusals that name the fix."""
+"""edgeflow/model/architecture.py: the one description of a model, the support matrix, and the refusals that name the fix."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tasks import architecture as A
+from edgeflow.model import architecture as A
 from tests.families import FAMILY_MODELS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -152,7 +152,7 @@ def _profile_with_teacher(tmp_path: Path, teacher: Path, backend: str) -> Path:
 
 
 def test_a_profile_whose_model_the_backend_cannot_run_fails_at_load(tmp_path: Path) -> None:
-    from tasks.config import load_profile
+    from edgeflow.profile.config import load_profile
 
     teacher = tmp_path / "gemma3"
     teacher.mkdir()
@@ -172,7 +172,7 @@ def test_a_profile_whose_model_the_backend_cannot_run_fails_at_load(tmp_path: Pa
 
 def test_a_gguf_teachers_family_is_read_from_its_header(tmp_path: Path) -> None:
     gguf = pytest.importorskip("gguf")
-    from tasks.model_source import gguf_architecture
+    from edgeflow.model.source import gguf_architecture
 
     path = tmp_path / "m.gguf"
     w = gguf.GGUFWriter(str(path), "gemma3")
@@ -238,6 +238,6 @@ def test_a_cut_that_leaves_the_embedding_most_of_the_model_says_so_and_what_save
     ({"keep_every_k": 15}, 30, 3), ({"keep_every_k": 2}, 18, 10), ({"drop_block": 4}, 18, 14),
     ({"keep_layers": [0, 5, 17]}, 18, 3), ({"student_from": "some/dir"}, 18, None)])
 def test_the_student_s_layers_are_known_from_the_distill_settings_before_any_model_loads(settings, teacher_layers, layers) -> None:
-    from tasks.config import DistillConfig
+    from edgeflow.profile.config import DistillConfig
 
     assert DistillConfig(**settings).student_layers(teacher_layers) == layers

@@ -1,6 +1,6 @@
 import pytest
 
-from tasks.artifacts import ChecksumError, sha256_tree, verify_manifest, write_manifest
+from edgeflow.tracking.artifacts import ChecksumError, sha256_tree, verify_manifest, write_manifest
 
 
 def _tree(root):

@@ -4,8 +4,8 @@ import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
 
-from tasks.calibration import LeakageError, allocate, build_calibration_set, check_no_leakage, find_overlap
-from tasks.config import CalibrationConfig
+from edgeflow.calibration.mix import LeakageError, allocate, build_calibration_set, check_no_leakage, find_overlap
+from edgeflow.profile.config import CalibrationConfig
 
 
 def test_allocate_follows_ratios_exactly():
@@ -65,8 +65,8 @@ def test_overlap_is_found_and_named():
 
 
 def test_shipped_calibration_sources_do_not_leak_into_eval(teacher_dir):
-    from tasks.config import REPO_ROOT
-    from tasks.textdata import load_texts
+    from edgeflow.paths import REPO_ROOT
+    from edgeflow.calibration.textdata import load_texts
 
     tok = AutoTokenizer.from_pretrained(teacher_dir)
     calib = load_texts(sorted((REPO_ROOT / "data" / "corpora").glob("*.jsonl")), tok)
@@ -78,7 +78,7 @@ def test_shipped_calibration_sources_do_not_leak_into_eval(teacher_dir):
 
 
 def test_access_log_directory_is_a_source_and_arrives_scrubbed(tmp_path, teacher_dir):
-    from tasks.config import REPO_ROOT
+    from edgeflow.paths import REPO_ROOT
 
     tok = AutoTokenizer.from_pretrained(teacher_dir)
     sources = {"traffic": REPO_ROOT / "data" / "access_logs", "wiki": REPO_ROOT / "data" / "corpora" / "wiki.jsonl"}
@@ -88,7 +88,7 @@ def test_access_log_directory_is_a_source_and_arrives_scrubbed(tmp_path, teacher
     assert (ingest["malformed"], ingest["exact_duplicates"], ingest["near_duplicates"]) == (5, 6, 4)
     assert (ingest["dropped_too_long"], ingest["records_with_pii"], ingest["kept"]) == (2, 10, 100)  # two ~6,400-word messages
     texts = pq.read_table(tmp_path / "c.parquet").column("text").to_pylist()
-    from tasks.access_logs import scrub
+    from edgeflow.calibration.access_logs import scrub
     from tests.tasks.test_access_logs import PLANTED  # the independent list of planted PII fragments
 
     for t in texts:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.checkout import enter_checkout
+from edgeflow.pipeline.checkout import enter_checkout
 
 REPO = Path(__file__).resolve().parents[2]
 

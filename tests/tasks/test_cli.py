@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.cli import COMMANDS
-from tasks.config import REPO_ROOT
+from edgeflow.cli.main import COMMANDS
+from edgeflow.paths import REPO_ROOT
 
 EDGEFLOW = Path(sys.executable).parent / "edgeflow"  # the console script pyproject.toml's [project.scripts] installs
 

@@ -4,7 +4,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from tasks.config import REPO_ROOT, load_profile
+from edgeflow.paths import REPO_ROOT
+from edgeflow.profile.config import load_profile
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO_ROOT / "configs").glob("*.yaml")))
@@ -99,7 +100,7 @@ def test_fallback_variant_names_and_recipes_are_checked(tmp_path):
 def test_placement_does_not_change_a_stage_cache_key():
     from types import SimpleNamespace
 
-    from tasks.runs import content_key
+    from edgeflow.tracking.runs import content_key
 
     ctx = SimpleNamespace(task=SimpleNamespace(name="quantize_variant"))
     assert content_key(ctx, {"recipe": {"a": 1}, "slot": 0}) == content_key(ctx, {"recipe": {"a": 1}, "slot": 3})
@@ -109,7 +110,7 @@ def test_placement_does_not_change_a_stage_cache_key():
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO_ROOT / "configs").glob("*.yaml")))
 def test_a_release_s_resolved_profile_is_the_same_profile_on_another_host(name, monkeypatch):
     """ReleaseContext.settings validated again where the profile's files do not exist gives the same profile."""
-    from tasks import config
+    from edgeflow.profile import config
 
     p = load_profile(REPO_ROOT / "configs" / name)
     monkeypatch.setattr(config, "REPO_ROOT", Path("/nonexistent-checkout"))
@@ -119,7 +120,7 @@ def test_a_release_s_resolved_profile_is_the_same_profile_on_another_host(name, 
 
 
 def test_placement_names_every_stage_and_refuses_what_is_not_a_pool(tmp_path):
-    from tasks.config import STAGES
+    from edgeflow.profile.config import STAGES
 
     p = load_profile(REPO_ROOT / "configs" / "production-a100-orin.yaml")
     assert set(p.placement.pooled()) == set(STAGES)  # production places every stage on a pool
@@ -134,9 +135,9 @@ def test_placement_names_every_stage_and_refuses_what_is_not_a_pool(tmp_path):
 def test_cache_keys_hold_what_a_stage_reads_not_where_its_files_lie():
     from types import SimpleNamespace
 
-    from tasks.artifacts import ArtifactRef
-    from tasks.config import DistillConfig, GateConfig, VariantConfig
-    from tasks.runs import content_key
+    from edgeflow.tracking.artifacts import ArtifactRef
+    from edgeflow.profile.config import DistillConfig, GateConfig, VariantConfig
+    from edgeflow.tracking.runs import content_key
 
     ctx = SimpleNamespace(task=SimpleNamespace(name="quantize_variant"))
     ref = ArtifactRef(kind="input", uri="mlflow-artifacts:/1/r/artifacts/inputs/x/chat.jsonl", sha256="a" * 64)

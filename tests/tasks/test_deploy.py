@@ -1,11 +1,12 @@
-"""deploy-edge's exposure rule (tasks/deploy.py): nothing but loopback is bound without an API key."""
+"""deploy-edge's exposure rule (edgeflow/device/deploy.py): nothing but loopback is bound without an API key."""
 from __future__ import annotations
 
 import pytest
 
-from serving.auth import KEY_ENV
-from tasks.config import REPO_ROOT, load_profile
-from tasks.deploy import check_exposure, client_headers
+from edgeflow.serving.auth import KEY_ENV
+from edgeflow.paths import REPO_ROOT
+from edgeflow.profile.config import load_profile
+from edgeflow.device.deploy import check_exposure, client_headers
 
 
 def _profile(**deploy):
@@ -54,7 +55,7 @@ def test_a_server_that_exits_fails_the_health_wait_at_once_not_at_the_timeout() 
     import sys
     import time
 
-    from tasks.deploy import wait_healthy
+    from edgeflow.device.deploy import wait_healthy
     from tests.live_server import _free_port
 
     proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
@@ -67,8 +68,8 @@ def test_a_server_that_exits_fails_the_health_wait_at_once_not_at_the_timeout() 
 
 def test_package_sha256_is_the_tree_hash_the_package_was_registered_with(tmp_path):
     """record_deployment tags this hash; it must equal what write_manifest returned to the register stage."""
-    from tasks.artifacts import write_manifest
-    from tasks.deploy import package_sha256
+    from edgeflow.tracking.artifacts import write_manifest
+    from edgeflow.device.deploy import package_sha256
 
     (tmp_path / "engine").mkdir()
     (tmp_path / "engine" / "engine.json").write_text("{}")
@@ -83,7 +84,7 @@ def test_a_proxy_too_busy_to_answer_is_waited_for_and_never_replaced(tmp_path) -
     port and the log, without starting a second proxy (which could not bind and would leave a pid file of nobody)."""
     import socket
 
-    from tasks.deploy import ensure_proxy, run_dir
+    from edgeflow.device.deploy import ensure_proxy, run_dir
     from tests.live_server import _free_port
 
     port = _free_port()

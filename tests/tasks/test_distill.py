@@ -18,8 +18,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from tasks.config import REPO_ROOT, DistillConfig
-from tasks.distill import (
+from edgeflow.paths import REPO_ROOT
+from edgeflow.profile.config import DistillConfig
+from edgeflow.distill import (
     BatchOrder,
     TokenDataset,
     TrainingStalled,
@@ -122,7 +123,7 @@ def test_drop_block_removes_the_block_that_changes_the_residual_stream_least():
     angular distance across them is 0, so drop_block=2 removes exactly them; layer 0 and the last layer always stay."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tasks.distill.student import block_distances
+    from edgeflow.distill.student import block_distances
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
@@ -294,7 +295,7 @@ def test_token_dataset_reads_across_row_groups(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tasks.distill import TOKEN_SCHEMA
+    from edgeflow.distill import TOKEN_SCHEMA
 
     table = pa.table({"input_ids": seqs, "n_tokens": [len(s) for s in seqs], "source": [0] * 50, "record": list(range(50)),
                       "truncated": [False] * 50}, schema=TOKEN_SCHEMA)
@@ -543,7 +544,7 @@ def test_run_distill_on_smollm2_logs_every_term_and_evaluates_against_the_teache
     assert m["student_quality_pct"] == pytest.approx(100 * m["teacher_ppl"] / m["student_ppl"])
     assert (tmp_path / "student" / "model.safetensors").exists() and (tmp_path / "student" / "edgeflow-manifest.json").exists()
     # the decoding defaults travel with the student: what the edge server reads from an engine built from it
-    from serving.runtime import generation_defaults
+    from edgeflow.serving.runtime import generation_defaults
 
     assert generation_defaults(tmp_path / "student") == {"repetition_penalty": 1.1}
     # the teacher ran once per distinct sequence: 3 records, 4 visits in 2 steps of 2 (the cache is on by default)
@@ -560,11 +561,11 @@ def test_train_student_logs_each_term_per_step_to_mlflow(tiny_smol, mlflow_track
     import yaml
     from mlflow import MlflowClient
 
-    from flows.distill import train_student
-    from flows.release import open_release
-    from tasks.config import load_profile
-    from tasks.model_source import ensure_teacher
-    from tasks.store import materialize
+    from edgeflow.pipeline.distill import train_student
+    from edgeflow.pipeline.release import open_release
+    from edgeflow.profile.config import load_profile
+    from edgeflow.model.source import ensure_teacher
+    from edgeflow.tracking.store import materialize
 
     corpus = _jsonl(tmp_path / "c.jsonl", ["The cat sat on the mat.", "Water boils at one hundred degrees Celsius at sea level.",
                                            " ".join(["a long sentence that will be truncated"] * 6)])
@@ -591,7 +592,7 @@ def test_train_student_logs_each_term_per_step_to_mlflow(tiny_smol, mlflow_track
     assert run.data.metrics["truncated_samples"] == 1 and run.data.metrics["size_ratio"] == pytest.approx(student.meta["size_ratio"])
     assert run.data.params["beta"] == "0.1" and run.info.status == "FINISHED"
     report_keys = ("student_top1_vs_teacher", "teacher_ppl", "student_ppl", "student_ppl_before_training", "student_quality_pct",
-                   "student_layers", "student_params", "size_ratio")  # what tasks/report.py:STUDENT_FIELDS reads
+                   "student_layers", "student_params", "size_ratio")  # what edgeflow/tracking/report.py:STUDENT_FIELDS reads
     assert set(report_keys) <= set(student.meta) and student.meta["student_layers"] == 2
     assert student.uri.startswith("mlflow-artifacts:/") and (materialize(student) / "model.safetensors").exists()
 
@@ -599,8 +600,8 @@ def test_train_student_logs_each_term_per_step_to_mlflow(tiny_smol, mlflow_track
 def test_mixed_precision_runs_the_forward_passes_in_bf16_and_keeps_the_weights_fp32(tiny_llama, monkeypatch):
     import importlib
 
-    train_mod = importlib.import_module("tasks.distill.train")  # the module (tasks.distill exports its train function)
-    from tasks.distill.run import cache_spec
+    train_mod = importlib.import_module("edgeflow.distill.train")  # the module (edgeflow.distill exports its train function)
+    from edgeflow.distill.run import cache_spec
 
     # auto follows the CPU's native bf16 flags; off and bf16 are what they say
     monkeypatch.setattr(train_mod, "cpu_flags", lambda: {"avx2", "avx512_bf16"})
@@ -631,7 +632,7 @@ def test_mixed_precision_runs_the_forward_passes_in_bf16_and_keeps_the_weights_f
 def test_held_out_comparison_from_kept_teacher_logits_equals_running_the_teacher(tiny_llama, monkeypatch):
     """The comparisons before and after training share one teacher pass when its logits fit the budget: the metrics
     are bitwise those of running the teacher each time; over the budget nothing is kept."""
-    import tasks.distill.run as run_mod
+    import edgeflow.distill.run as run_mod
 
     teacher, student, _ = _tiny_pair(tiny_llama, DistillConfig(keep_layers=[0, 1]))
     seqs = _seqs(6)

@@ -11,10 +11,11 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from tasks.config import REPO_ROOT, DistillConfig
-from tasks.distill import run_distill
-from tasks.distill_launch import distill_runner, launch_command, resolve_processes, run_distill_distributed, zero_config
-from tasks.runs import mlflow_step_logger
+from edgeflow.paths import REPO_ROOT
+from edgeflow.profile.config import DistillConfig
+from edgeflow.distill import run_distill
+from edgeflow.distill.launch import distill_runner, launch_command, resolve_processes, run_distill_distributed, zero_config
+from edgeflow.tracking.runs import mlflow_step_logger
 
 SHIPPED_ZERO3 = REPO_ROOT / "deployments" / "deepspeed" / "zero3-bf16.json"
 # One training, run in one process and in two: global batch 4 over texts of different lengths (padding differs between
@@ -43,7 +44,7 @@ def test_launch_command_is_torchrun_standalone_from_this_interpreter(tmp_path):
 
     cmd = launch_command(4, tmp_path / "spec.json")
     assert cmd == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
-                   "-m", "tasks.distill_launch", "--spec", str(tmp_path / "spec.json")]
+                   "-m", "edgeflow.distill.launch", "--spec", str(tmp_path / "spec.json")]
 
 
 def test_process_count_comes_from_the_config_the_a100_job_or_the_visible_gpus():
@@ -248,7 +249,7 @@ def test_deepspeed_strategy_without_deepspeed_fails_before_any_compute(tiny_pair
 # torchrun's report when a process dies without a Python exception (here rank 0, killed; rank 1 then stopped by it)
 TORCHRUN_SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
-tasks.distill_launch FAILED
+edgeflow.distill.launch FAILED
 ------------------------------------------------------------
 Failures:
 [1]:
@@ -268,7 +269,7 @@ def test_a_failed_process_is_reported_with_its_rank_and_error(tmp_path, monkeypa
     failed first and its exception; without one (killed by a signal) it quotes torchrun's root cause."""
     from collections import deque
 
-    from tasks.distill_launch import failure_message, main
+    from edgeflow.distill.launch import failure_message, main
 
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"cfg": {"batch_size": 0}, "errors": str(tmp_path / "errors")}))

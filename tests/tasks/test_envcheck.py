@@ -1,4 +1,4 @@
-"""tasks.envcheck: every branch of decide() on made-up fingerprints, and the real CLI on this machine."""
+"""edgeflow.ops.envcheck: every branch of decide() on made-up fingerprints, and the real CLI on this machine."""
 from __future__ import annotations
 
 import copy
@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from tasks.engines import cpu_native
-from tasks.engines.cpu_host import cpu_flags
-from tasks.envcheck import TARGET_ENV, decide
-from tasks.config import REPO_ROOT
+from edgeflow.engines import cpu_native
+from edgeflow.engines.cpu_host import cpu_flags
+from edgeflow.ops.envcheck import TARGET_ENV, decide
+from edgeflow.paths import REPO_ROOT
 
 AVX2_HOST = {"cpu_model": "AMD EPYC 7B13", "isa": ["avx", "avx2", "f16c", "fma", "sse4_2"], "cores": 2, "os": "linux", "arch": "x86_64"}
 NO_GPU = {"cuda_available": False, "sm": None, "device_name": None, "driver_version": None, "cuda_version": None,
@@ -155,7 +155,7 @@ def test_unknown_target_names_the_choices():
 
 def _cli(*args, env_target=None):
     env = {k: v for k, v in os.environ.items() if k != TARGET_ENV} | ({TARGET_ENV: env_target} if env_target else {})
-    return subprocess.run([sys.executable, "-m", "tasks.envcheck", *args], cwd=REPO_ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "edgeflow.ops.envcheck", *args], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
 
 

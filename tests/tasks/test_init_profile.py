@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.config import REPO_ROOT, load_profile
-from tasks.init_profile import InitRefused, write
+from edgeflow.paths import REPO_ROOT
+from edgeflow.profile.config import load_profile
+from edgeflow.cli.init_profile import InitRefused, write
 
 EDGEFLOW = Path(sys.executable).parent / "edgeflow"
 
@@ -80,7 +81,7 @@ def test_a_model_whose_embedding_no_cut_removes_gets_a_profile_that_says_so_and_
     assert "Worth knowing: the student keeps 3 of the teacher's 5 layers: about 6.6 M of its 6.7 M parameters, 3% smaller" in text
     assert "65,536 x 96 embedding (tied with the head) is 93% of the model" in text and "vocabulary" in text
 
-    from tasks.plan import student_advice  # `edgeflow plan` says the same, from the teacher on its host
+    from edgeflow.pipeline.plan import student_advice  # `edgeflow plan` says the same, from the teacher on its host
 
     [advice] = student_advice(load_profile(out))
     assert advice.startswith("the student keeps 3 of the teacher's 5 layers: about 6.6 M of its 6.7 M parameters")

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.artifacts import sha256_file, sha256_tree
-from tasks.lineage import LineageError, lineage, main
-from tasks.registry import client, register_version
-from tasks.report import lineage_section
+from edgeflow.tracking.artifacts import sha256_file, sha256_tree
+from edgeflow.tracking.lineage import LineageError, lineage, main
+from edgeflow.tracking.registry import client, register_version
+from edgeflow.tracking.report import lineage_section
 
 MODEL = "lineage-test"
 

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from tasks.losses import (
+from edgeflow.distill.losses import (
     check_layer_map,
     default_layer_map,
     make_projections,

@@ -1,13 +1,14 @@
-"""The converted teacher, kept once per machine (tasks/model_source.py): a new work directory links it from
+"""The converted teacher, kept once per machine (edgeflow/model/source.py): a new work directory links it from
 $EDGEFLOW_MODEL_CACHE after checking it, instead of converting the GGUF again."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from tasks import model_source as ms
-from tasks.artifacts import sha256_file, verify_manifest
-from tasks.config import REPO_ROOT, load_profile
+from edgeflow.model import source as ms
+from edgeflow.tracking.artifacts import sha256_file, verify_manifest
+from edgeflow.paths import REPO_ROOT
+from edgeflow.profile.config import load_profile
 
 
 def _profile_with_gguf(work: Path):
@@ -84,7 +85,7 @@ def test_a_second_resolver_waits_for_the_one_converting(teacher_dir, tmp_path, m
     path.write_text(yaml.safe_dump(data))
     lock = profile.work / "models" / ".teacher.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
-    code = ("from tasks.config import load_profile; from tasks.model_source import teacher_dir; "
+    code = ("from edgeflow.profile.config import load_profile; from edgeflow.model.source import teacher_dir; "
             f"print(teacher_dir(load_profile({str(path)!r})))")
     with open(lock, "a") as held:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # "another process is converting"

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.config import REPO_ROOT, load_profile
-from tasks.nightly import beats, collect_traffic, derive_profile, parse_time
+from edgeflow.paths import REPO_ROOT
+from edgeflow.profile.config import load_profile
+from edgeflow.calibration.nightly import beats, collect_traffic, derive_profile, parse_time
 
 LOGS = REPO_ROOT / "data" / "access_logs"
 
@@ -33,7 +34,7 @@ def test_the_shipped_day_becomes_a_clean_snapshot(tmp_path, tok):
 
 
 def test_requests_that_overlap_the_eval_set_are_dropped(tmp_path, tok):
-    from tasks.textdata import record_text
+    from edgeflow.calibration.textdata import record_text
 
     first = json.loads((LOGS / "2026-11-29" / "edge-orin-01.jsonl").read_text().splitlines()[0])
     eval_text = record_text(first, tok)  # production traffic asked an eval question verbatim
@@ -83,9 +84,9 @@ def _ship_day(tmp_path, day: str, counts: dict[str, int]) -> dict[str, str]:
     import uuid
     from datetime import timedelta
 
-    from serving.access_log import AccessLog
-    from tasks.fleet.device import DeviceConfig, device_profile
-    from tasks.fleet.logship import access_log_path, ship_segments
+    from edgeflow.serving.access_log import AccessLog
+    from edgeflow.device.identity import DeviceConfig, device_profile
+    from edgeflow.device.logship import access_log_path, ship_segments
 
     profile = load_profile(REPO_ROOT / "configs" / "test-tiny.yaml")
     start = parse_time(f"{day}T06:00:00Z")
@@ -112,8 +113,8 @@ def store(mlflow_tracking, tmp_path, monkeypatch):
 
 
 def test_the_nightly_reads_the_segments_the_devices_shipped_and_counts_each_devices_lines(store, tmp_path, tok):
-    from tasks.fleet.logship import fetch_segments
-    from tasks.report import nightly_markdown
+    from edgeflow.device.logship import fetch_segments
+    from edgeflow.tracking.report import nightly_markdown
 
     ids = _ship_day(tmp_path, "2026-10-01", {"orin-a": 40, "orin-b": 25})
     until = parse_time("2026-10-02T00:00:00Z")
@@ -128,8 +129,8 @@ def test_the_nightly_reads_the_segments_the_devices_shipped_and_counts_each_devi
 
 
 def test_a_skipped_night_still_counts_each_devices_lines(store, tmp_path, tok):
-    from tasks.fleet.logship import fetch_segments
-    from tasks.report import nightly_markdown
+    from edgeflow.device.logship import fetch_segments
+    from edgeflow.tracking.report import nightly_markdown
 
     ids = _ship_day(tmp_path, "2026-10-05", {"orin-c": 9, "orin-d": 4})
     until = parse_time("2026-10-06T00:00:00Z")
@@ -146,13 +147,13 @@ def test_a_skipped_night_still_counts_each_devices_lines(store, tmp_path, tok):
 
 
 def test_the_nightly_flow_gathers_the_window_from_the_store_unless_told_a_folder(store, tmp_path, teacher_dir):
-    """flows/nightly.py:gather_traffic with `nightly.logs_source: store` (the default) reads what the devices shipped;
+    """edgeflow/pipeline/nightly.py:gather_traffic with `nightly.logs_source: store` (the default) reads what the devices shipped;
     a `logs_dir` given to the run reads that folder instead."""
     from mlflow import MlflowClient
 
-    from flows.nightly import gather_traffic
-    from tasks.runs import experiment_id
-    from tasks.store import publish
+    from edgeflow.pipeline.nightly import gather_traffic
+    from edgeflow.tracking.runs import experiment_id
+    from edgeflow.tracking.store import publish
 
     ids = _ship_day(tmp_path, "2026-10-09", {"orin-e": 36, "orin-f": 3})
     data = yaml.safe_load((REPO_ROOT / "configs" / "test-tiny.yaml").read_text())

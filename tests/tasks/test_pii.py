@@ -10,16 +10,16 @@ from hypothesis import strategies as st
 from phonenumbers import Leniency, PhoneNumberMatcher
 from stdnum import iban, luhn
 
-import tasks.access_logs
-import tasks.pii as pii
-from tasks.config import REPO_ROOT
-from tasks.pii import COVERED_REGIONS, DETECTORS, KINDS, PLACEHOLDERS, Scrubber, find, scrub, scrub_value
+import edgeflow.calibration.access_logs
+import edgeflow.pii as pii
+from edgeflow.paths import REPO_ROOT
+from edgeflow.pii import COVERED_REGIONS, DETECTORS, KINDS, PLACEHOLDERS, Scrubber, find, scrub, scrub_value
 
 FIXTURE = REPO_ROOT / "data" / "pii" / "planted.jsonl"
 RECORDS = [json.loads(line) for line in FIXTURE.read_text(encoding="utf-8").splitlines()]
 PLANTED = [r for r in RECORDS if not r["decoy"]]
 DECOYS = [r for r in RECORDS if r["decoy"]]
-# Bare IDs of kinds replaced only next to a word naming them (one check digit on bare digits: see tasks/pii.py);
+# Bare IDs of kinds replaced only next to a word naming them (one check digit on bare digits: see edgeflow/pii.py);
 # the fixture plants two of them without such a word, on purpose.
 LABEL_ONLY_WHEN_BARE = {"ssn", "de_idnr", "se_personnummer", "kr_rrn", "in_aadhaar", "nl_bsn", "pl_pesel", "gb_nhs",
                         "jp_my_number"}
@@ -353,7 +353,7 @@ def test_scrub_value_deep_nesting_and_cycles():
 
 
 def test_public_api_and_compatibility():
-    assert tasks.access_logs.scrub is pii.scrub
+    assert edgeflow.calibration.access_logs.scrub is pii.scrub
     assert {"US", "GB", "DE", "FR", "ES", "IT", "NL", "SE", "PL", "CN", "JP", "KR", "TW", "IN", "BR"} <= set(COVERED_REGIONS)
     assert set(KINDS.values()) == set(PLACEHOLDERS)
     for kind in KINDS:  # the module docstring lists every kind it replaces

@@ -1,4 +1,4 @@
-"""`edgeflow plan` (tasks/plan.py) without servers: what changed, named; a profile that does not load is exit 2; and
+"""`edgeflow plan` (edgeflow/pipeline/plan.py) without servers: what changed, named; a profile that does not load is exit 2; and
 servers that do not answer are named (exit 1). The plan against a real release is in tests/flows/test_release_e2e.py."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tasks.plan import differences
+from edgeflow.pipeline.plan import differences
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,7 +27,7 @@ def test_differences_name_a_changed_profile_file_by_its_path_and_a_changed_setti
 
 
 def _plan(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tasks.cli", "plan", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edgeflow.cli", "plan", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=300, env=os.environ | env)
 
 

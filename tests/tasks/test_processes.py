@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tasks.processes import alive, read_pid, spawn_detached, stop_group, stop_groups
+from edgeflow.ops.processes import alive, read_pid, spawn_detached, stop_group, stop_groups
 
 
 def test_spawn_writes_log_and_pidfile_and_stop_ends_the_whole_group(tmp_path):

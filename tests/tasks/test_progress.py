@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 
-from tasks.progress import LoopProgress, _duration
+from edgeflow.tracking.progress import LoopProgress, duration as _duration
 
 
 def test_a_line_at_every_tenth_with_counts_and_an_eta(caplog, monkeypatch) -> None:
     clock = iter(float(t) for t in range(1000))
-    monkeypatch.setattr("tasks.progress.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("edgeflow.tracking.progress.time.monotonic", lambda: next(clock))
     caplog.set_level(logging.INFO, logger="edgeflow.progress")
     p = LoopProgress("distillation", 25, "steps")
     for done in range(1, 26):
@@ -22,7 +22,7 @@ def test_a_line_at_every_tenth_with_counts_and_an_eta(caplog, monkeypatch) -> No
 
 def test_a_resumed_loop_counts_its_rate_from_where_it_resumed(monkeypatch) -> None:
     t = [0.0]
-    monkeypatch.setattr("tasks.progress.time.monotonic", lambda: t[0])
+    monkeypatch.setattr("edgeflow.tracking.progress.time.monotonic", lambda: t[0])
     p = LoopProgress("distillation", 100, "steps", start=50)
     t[0] = 10.0  # 10 steps in 10 s since the resume: 40 left take 40 s, not the 80 s a rate over 60 steps would give
     assert p.describe(60) == "distillation: 60/100 steps, 10 s, about 40 s left"

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.deploy import record_deployment
-from tasks.promotion import PROMOTIONS_EXPERIMENT, PromotionRefused, promote, rollback
-from tasks.registry import GATE_REPORT_TAG, alias_version, client, gate_report_link, register_version
+from edgeflow.device.deploy import record_deployment
+from edgeflow.tracking.promotion import PROMOTIONS_EXPERIMENT, PromotionRefused, promote, rollback
+from edgeflow.tracking.registry import GATE_REPORT_TAG, alias_version, client, gate_report_link, register_version
 
 FIX = "re-run the release or promote a version that passed"
 # Top-1 agreement each variant scored at the gate (the gate passes 97% and above).
@@ -137,8 +137,8 @@ def test_production_ignores_a_successful_deployment_of_another_package_with_the_
     another package under that number (a re-created registry restarts its numbering) does not count."""
     import shutil
 
-    from tasks.artifacts import write_manifest
-    from tasks.registry import PACKAGE_SHA256_TAG
+    from edgeflow.tracking.artifacts import write_manifest
+    from edgeflow.tracking.registry import PACKAGE_SHA256_TAG
 
     r = make_release(model, PASSING)
     c = client()
@@ -193,8 +193,8 @@ def test_rollback_swaps_production_and_previous(make_release, model):
 
 
 def test_flows_are_the_deployments_entrypoints():
-    from flows.promote import promote as promote_flow
-    from flows.promote import rollback_production
+    from edgeflow.pipeline.promote import promote as promote_flow
+    from edgeflow.pipeline.promote import rollback_production
 
     assert (promote_flow.name, rollback_production.name) == ("promote", "rollback-production")
     assert set(promote_flow.parameters.properties) == {"profile", "version", "to", "reason"}

@@ -4,9 +4,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tasks.config import REPO_ROOT
-from tasks.quantize import check_group_sizes, load_dequantized, quantize, recipe_scheme, recipe_schemes, weight_errors
-from tasks.recipe import load_recipe
+from edgeflow.paths import REPO_ROOT
+from edgeflow.quantize.run import check_group_sizes, load_dequantized, quantize, recipe_scheme, recipe_schemes, weight_errors
+from edgeflow.quantize.recipe import load_recipe
 
 RECIPES = REPO_ROOT / "deployments" / "recipes"
 
@@ -69,7 +69,7 @@ def test_the_checkpoint_records_its_recipe_whichever_thread_quantizes(tiny_llama
 
     import llmcompressor  # noqa: F401  imported in this thread before the run in another
 
-    from tasks.engines.checkpoint import recipe_algorithm
+    from edgeflow.engines.checkpoint import recipe_algorithm
 
     ids = [[(7 * i + j) % 500 + 1 for j in range(32)] for i in range(4)]
     quantize(tiny_llama, load_recipe(RECIPES / "rtn-w4a16-asym.yaml"), ids, tmp_path / "here")
@@ -100,7 +100,7 @@ def test_group_size_128_on_smollm2_fails_naming_layer_width_and_valid_sizes(teac
 
 
 def test_awq_runs_on_a_cpu_only_torch(tiny_llama, tmp_path):
-    """Fails if the pin_memory workaround in tasks/quantize.py is removed (CPU torch cannot pin)."""
+    """Fails if the pin_memory workaround in edgeflow/quantize/run.py is removed (CPU torch cannot pin)."""
     assert not torch.cuda.is_available()
     recipe = load_recipe(RECIPES / "awq-w4a16-asym.yaml", {"AWQModifier": {"n_grid": 3}})
     ids = [[(7 * i + j) % 500 + 1 for j in range(32)] for i in range(4)]

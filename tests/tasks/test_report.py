@@ -1,7 +1,7 @@
 """Release report: the student-vs-teacher section shows the distillation's before/after evaluation."""
 from __future__ import annotations
 
-from tasks.report import student_table
+from edgeflow.tracking.report import student_table
 
 
 def test_student_table_shows_agreement_kl_and_perplexity_before_and_after_training():
@@ -22,13 +22,13 @@ def test_student_table_marks_keys_an_older_cached_student_lacks():
 def _gate():
     from tests.tasks.evaluation.test_gate_report import REPORT
 
-    from tasks.evaluation.report import GateReport
+    from edgeflow.evaluation.report import GateReport
 
     return GateReport.model_validate(REPORT)
 
 
 def test_attempt_summary_names_what_passed_and_the_best_quantized_variant():
-    from tasks.report import attempt_summary
+    from edgeflow.tracking.report import attempt_summary
 
     assert attempt_summary(_gate()) == {
         "attempt": 1, "calibration_samples": 64, "passed": ["gptq-w4a16"], "fp_answers_ok": None,
@@ -39,7 +39,7 @@ def test_attempt_summary_names_what_passed_and_the_best_quantized_variant():
 def test_release_report_keeps_the_variant_fields_and_the_gate_as_written():
     from types import SimpleNamespace
 
-    from tasks.report import COLUMNS, VARIANT_FIELDS, markdown, release_report
+    from edgeflow.tracking.report import COLUMNS, VARIANT_FIELDS, markdown, release_report
 
     ctx = SimpleNamespace(release_id="r-1", profile="configs/test-tiny.yaml", mlflow_parent_run_id="p", prefect_flow_run_id=None,
                           resolved=lambda: SimpleNamespace(distill=SimpleNamespace(steps=3)))
@@ -58,7 +58,7 @@ def test_release_report_keeps_the_variant_fields_and_the_gate_as_written():
 
 
 def test_nightly_markdown_shows_the_window_and_the_outcome():
-    from tasks.report import nightly_markdown
+    from edgeflow.tracking.report import nightly_markdown
 
     traffic = {"since": "a", "until": "b", "files": 2, "kept": 40, "dropped_eval_overlap": 1,
                "ingest": {"lines": 50, "records_with_pii": 3, "exact_duplicates": 2, "near_duplicates": 1}}
@@ -70,8 +70,8 @@ def test_nightly_markdown_shows_the_window_and_the_outcome():
 def test_the_report_shows_the_staged_variant_s_answers_and_counts_the_degenerate_ones():
     from types import SimpleNamespace
 
-    from tasks.evaluation.answers import repetition
-    from tasks.report import markdown, release_report
+    from edgeflow.evaluation.answers import repetition
+    from edgeflow.tracking.report import markdown, release_report
 
     gate = _gate()
     good = "A microcontroller runs a washing machine, reads a thermostat and blinks the lights of a toy."

@@ -1,4 +1,4 @@
-"""Sequence-level KD (tasks/distill/seqkd.py): the teacher's answers to the chat prompts, generated once, found again
+"""Sequence-level KD (edgeflow/distill/seqkd.py): the teacher's answers to the chat prompts, generated once, found again
 by content on this host or another one (through a real MLflow server), and read as a training file."""
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.config import DistillConfig, SequenceKDConfig
-from tasks.distill import prepare_dataset
-from tasks.distill.seqkd import answers_file, chat_prompts, shared_answers
-from tasks.textdata import read_records
+from edgeflow.profile.config import DistillConfig, SequenceKDConfig
+from edgeflow.distill import prepare_dataset
+from edgeflow.distill.seqkd import answers_file, chat_prompts, shared_answers
+from edgeflow.calibration.textdata import read_records
 
 
 def _corpus(path: Path) -> Path:

@@ -1,4 +1,4 @@
-"""Hand-offs through the artifact store, against a real MLflow server that proxies its artifacts (tasks/store.py)."""
+"""Hand-offs through the artifact store, against a real MLflow server that proxies its artifacts (edgeflow/tracking/store.py)."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.artifacts import ArtifactRef, ChecksumError, sha256_file, sha256_tree
+from edgeflow.tracking.artifacts import ArtifactRef, ChecksumError, sha256_file, sha256_tree
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def _tree(root: Path) -> Path:
 
 def _other_host(monkeypatch, tmp_path, name: str) -> Path:
     """Switch to another host's empty cache: nothing the producer wrote is visible there."""
-    from tasks.store import cache_root
+    from edgeflow.tracking.store import cache_root
 
     monkeypatch.setenv("EDGEFLOW_HOME", str(tmp_path / name))
     assert not cache_root().exists()
@@ -39,7 +39,7 @@ def _other_host(monkeypatch, tmp_path, name: str) -> Path:
 
 
 def test_published_directory_and_file_are_store_uris_fetched_and_verified_on_another_host(run, tmp_path, monkeypatch):
-    from tasks.store import materialize, publish
+    from edgeflow.tracking.store import materialize, publish
 
     c, run_id = run
     src = _tree(tmp_path / "out" / "student-abc")
@@ -60,7 +60,7 @@ def test_published_directory_and_file_are_store_uris_fetched_and_verified_on_ano
 
 def test_the_producer_needs_no_download(run, tmp_path, monkeypatch):
     """publish seeds the producing host's cache: materialize there reads its own files (the store is not asked)."""
-    import tasks.store as store
+    import edgeflow.tracking.store as store
 
     c, run_id = run
     ref = store.publish(c, run_id, _tree(tmp_path / "eng"), "engine", "engine")
@@ -69,7 +69,7 @@ def test_the_producer_needs_no_download(run, tmp_path, monkeypatch):
 
 
 def test_a_tampered_store_copy_is_refused_naming_artifact_hashes_and_run(run, tmp_path, monkeypatch):
-    from tasks.store import materialize, publish
+    from edgeflow.tracking.store import materialize, publish
 
     c, run_id = run
     f = tmp_path / "gate.json"
@@ -82,7 +82,7 @@ def test_a_tampered_store_copy_is_refused_naming_artifact_hashes_and_run(run, tm
         materialize(ref)
     msg = str(e.value)
     assert ref.uri in msg and ref.sha256 in msg and sha256_file(f) in msg and run_id in msg and "gate-report" in msg
-    from tasks.store import cache_root
+    from edgeflow.tracking.store import cache_root
 
     assert not (cache_root() / ref.sha256).exists()  # nothing unverified is left in the cache
 
@@ -90,7 +90,7 @@ def test_a_tampered_store_copy_is_refused_naming_artifact_hashes_and_run(run, tm
 def test_a_cached_copy_that_vanished_or_changed_is_fetched_again(run, tmp_path, monkeypatch):
     import shutil
 
-    from tasks.store import materialize, publish
+    from edgeflow.tracking.store import materialize, publish
 
     c, run_id = run
     ref = publish(c, run_id, _tree(tmp_path / "q"), "quantized", "quantized")
@@ -108,7 +108,7 @@ def test_a_verified_cache_entry_is_not_hashed_again_until_a_file_of_it_changes(r
     place (same size, so only the mtime tells) or a replaced file makes materialize hash it again and fetch a good copy."""
     import os
 
-    import tasks.store as store
+    import edgeflow.tracking.store as store
 
     c, run_id = run
     ref = store.publish(c, run_id, _tree(tmp_path / "q"), "quantized", "quantized")
@@ -134,7 +134,7 @@ def test_a_verified_cache_entry_is_not_hashed_again_until_a_file_of_it_changes(r
 
 
 def test_missing_from_the_store_and_host_paths_are_clear_errors(run, tmp_path, monkeypatch):
-    from tasks.store import ArtifactMissing, in_store, materialize, publish
+    from edgeflow.tracking.store import ArtifactMissing, in_store, materialize, publish
 
     c, run_id = run
     ref = publish(c, run_id, _tree(tmp_path / "s"), "student", "student")
@@ -150,7 +150,7 @@ def test_missing_from_the_store_and_host_paths_are_clear_errors(run, tmp_path, m
 
 def test_an_unreachable_tracking_server_fails_naming_the_uri_and_the_fix():
     from tests.live_server import _free_port
-    from tasks.store import check_reachable
+    from edgeflow.tracking.store import check_reachable
 
     url = f"http://127.0.0.1:{_free_port()}"
     with pytest.raises(ConnectionError, match=f"MLFLOW_TRACKING_URI={url} does not answer.*make services"):
@@ -159,7 +159,7 @@ def test_an_unreachable_tracking_server_fails_naming_the_uri_and_the_fix():
 
 def test_the_same_content_published_under_two_names_is_cached_under_both(run, tmp_path, monkeypatch):
     """A recipe copied elsewhere (same bytes, another file name) hashes the same: each name gets its own cache entry."""
-    from tasks.store import materialize, publish
+    from edgeflow.tracking.store import materialize, publish
 
     c, run_id = run
     a, b = tmp_path / "gptq-w4a16-sym.yaml", tmp_path / "b" / "gptq.yaml"

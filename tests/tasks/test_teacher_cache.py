@@ -1,5 +1,5 @@
-"""The teacher-output cache (tasks/distill/teacher_cache.py): hits, misses, invalidation by teacher and by corpus, the
-top-k KD term it trains with (tasks/losses.py:kd_sums_topk), and its shards travelling between hosts through a real
+"""The teacher-output cache (edgeflow/distill/teacher_cache.py): hits, misses, invalidation by teacher and by corpus, the
+top-k KD term it trains with (edgeflow/distill/losses.py:kd_sums_topk), and its shards travelling between hosts through a real
 MLflow server."""
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.artifacts import ChecksumError
-from tasks.config import DistillConfig
-from tasks.distill import build_student, prepare_dataset, resolve_layer_map, train
-from tasks.distill.data import collate
-from tasks.distill.run import check_cache_budget
-from tasks.distill.teacher_cache import CacheSpec, TeacherCache, pull, push, sequence_key
-from tasks.losses import kd_sums, kd_sums_topk, teacher_topk
+from edgeflow.tracking.artifacts import ChecksumError
+from edgeflow.profile.config import DistillConfig
+from edgeflow.distill import build_student, prepare_dataset, resolve_layer_map, train
+from edgeflow.distill.data import collate
+from edgeflow.distill.run import check_cache_budget
+from edgeflow.distill.teacher_cache import CacheSpec, TeacherCache, pull, push, sequence_key
+from edgeflow.distill.losses import kd_sums, kd_sums_topk, teacher_topk
 
 
 @pytest.fixture(autouse=True)
@@ -113,7 +113,7 @@ def test_a_miss_runs_the_teacher_once_then_the_same_sequences_hit_after_reopenin
     _batch_outputs(cache, teacher, seqs[:3])  # computed by this run, not yet written: still no second forward
     assert teacher.sequences == 6 and cache.stats.hits == 3
     shard = cache.flush()
-    from tasks.artifacts import sha256_file
+    from edgeflow.tracking.artifacts import sha256_file
 
     assert shard is not None and shard.name == f"{sha256_file(shard)}.parquet"
 

@@ -10,8 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from tasks.config import REPO_ROOT, load_profile
-from tasks.deploy import point_proxy, wait_update_lock
+from edgeflow.paths import REPO_ROOT
+from edgeflow.profile.config import load_profile
+from edgeflow.device.deploy import point_proxy, wait_update_lock
 from tests.live_server import _free_port
 
 
@@ -32,7 +33,7 @@ def test_a_switch_waits_for_the_burst_and_gives_up_naming_the_limit(tmp_path):
     upstream = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
     port = _free_port()
-    proxy = subprocess.Popen([sys.executable, "-m", "serving.proxy", "--host", "127.0.0.1", "--port", str(port),
+    proxy = subprocess.Popen([sys.executable, "-m", "edgeflow.serving.proxy", "--host", "127.0.0.1", "--port", str(port),
                               "--state", str(tmp_path / "proxy.json")], cwd=REPO_ROOT)
     try:
         base = load_profile("configs/test-tiny.yaml")

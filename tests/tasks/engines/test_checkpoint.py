@@ -1,4 +1,4 @@
-"""The one checkpoint reader (tasks/engines/checkpoint.py) and the typed engine.json (tasks/engines/engine_dir.py).
+"""The one checkpoint reader (edgeflow/engines/checkpoint.py) and the typed engine.json (edgeflow/engines/engine_dir.py).
 
 Synthetic compressed-tensors layers with known integers: what `layer` returns must be exactly what was
 packed, and the GPTQ layout must dequantize to the same numbers. The real llm-compressor checkpoints are
@@ -11,9 +11,9 @@ import json
 import numpy as np
 import pytest
 
-from tasks.engines import EngineIncompatibleError
-from tasks.engines import engine_dir as edir
-from tasks.engines.checkpoint import (
+from edgeflow.engines import EngineIncompatibleError
+from edgeflow.engines import engine_dir as edir
+from edgeflow.engines.checkpoint import (
     InexactWeights,
     WeightScheme,
     gptq_layer,

@@ -1,4 +1,4 @@
-"""Every backend in BACKENDS holds to one API: the names and signatures of `tasks.engines.Backend`.
+"""Every backend in BACKENDS holds to one API: the names and signatures of `edgeflow.engines.Backend`.
 
 A new backend that misses a function, renames a parameter or drops a default fails here, not with an
 AttributeError at run time. Importing a backend needs no GPU runtime (tensorrt_llm is imported lazily).
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from tasks.engines import API, BACKENDS, Backend, get_backend, validate_profile
+from edgeflow.engines import API, BACKENDS, Backend, get_backend, validate_profile
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -29,7 +29,7 @@ def _params(fn) -> list[tuple[str, object, object]]:
 
 
 def test_api_tuple_is_the_protocol():
-    assert set(API) == set(_protocol_members()), "tasks.engines.API and the Backend Protocol list different names"
+    assert set(API) == set(_protocol_members()), "edgeflow.engines.API and the Backend Protocol list different names"
 
 
 @pytest.mark.parametrize("name", sorted(BACKENDS))
@@ -70,7 +70,7 @@ def _imports(path: Path) -> list[tuple[str, list[str]]]:
 
 
 def test_no_backend_imports_another_backends_names():
-    """Shared logic lives in tasks/engines/{checkpoint,engine_dir,cpu_host,hooks,sampling}.py, not in a backend."""
+    """Shared logic lives in edgeflow/engines/{checkpoint,engine_dir,cpu_host,hooks,sampling}.py, not in a backend."""
     backend_modules = set(BACKENDS.values())
     for name, dotted in BACKENDS.items():
         root = REPO / Path(*dotted.split("."))
@@ -91,7 +91,7 @@ def _format_literals(tree: ast.AST) -> list[str]:
 
 def test_packed_weights_and_the_recipe_are_read_only_through_checkpoint_py():
     """One owner of the checkpoint format: no backend indexes compressed-tensors' packed integers or opens the recipe
-    itself; tasks/engines/checkpoint.py does (layer, quantized_layers, layer_scheme, holds_packed_weights,
+    itself; edgeflow/engines/checkpoint.py does (layer, quantized_layers, layer_scheme, holds_packed_weights,
     recipe_algorithm)."""
     offenders = []
     for dotted in BACKENDS.values():
@@ -103,5 +103,5 @@ def test_packed_weights_and_the_recipe_are_read_only_through_checkpoint_py():
             if found:
                 offenders.append(f"{f.relative_to(REPO)}: {found}")
     assert not offenders, offenders
-    checkpoint = ast.parse((REPO / "tasks" / "engines" / "checkpoint.py").read_text())
+    checkpoint = ast.parse((REPO / "edgeflow" / "engines" / "checkpoint.py").read_text())
     assert _format_literals(checkpoint)  # the owner does name them: the test looks for the right spelling

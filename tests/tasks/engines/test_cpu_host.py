@@ -1,4 +1,4 @@
-"""tasks/engines/cpu_host.py: EDGEFLOW_TORCH_THREADS, as a stage process applies it when it imports flows/."""
+"""edgeflow/engines/cpu_host.py: EDGEFLOW_TORCH_THREADS, as a stage process applies it when it imports edgeflow/pipeline/."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-PROBE = "import flows, torch; print(torch.get_num_threads(), flush=True)"
+PROBE = "import edgeflow.pipeline, torch; print(torch.get_num_threads(), flush=True)"
 
 
 def _stage_process(**env: str) -> subprocess.CompletedProcess:

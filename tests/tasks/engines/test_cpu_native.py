@@ -1,9 +1,9 @@
-"""Tests of the native CPU engine backend (tasks/engines/cpu_native.py, tasks/engines/native/q4.c).
+"""Tests of the native CPU engine backend (edgeflow/engines/cpu_native.py, edgeflow/engines/native/q4.c).
 
 Tiny random Llama decoders built in-test (2 layers, hidden 256, 4 heads of 64, 2 KV heads, vocab 998 so
 the int8 head needs padding), RTN int4 g64 checkpoints of them made with llm-compressor (asymmetric and
 symmetric, plus g32 for the dequantized path), engines built from those. The reference is
-`tasks.engines.checkpoint.load_dequantized`: the fake-quantized HF model. About 30 s on 2 CPU cores.
+`edgeflow.engines.checkpoint.load_dequantized`: the fake-quantized HF model. About 30 s on 2 CPU cores.
 """
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("llmcompressor")
 
-from tasks.artifacts import sha256_tree  # noqa: E402
-from tasks.engines import EngineIncompatibleError, get_backend  # noqa: E402
-from tasks.engines import cpu_native  # noqa: E402
-from tasks.engines import cpu_host  # noqa: E402
-from tasks.distill.student import keep_layers  # noqa: E402
+from edgeflow.tracking.artifacts import sha256_tree  # noqa: E402
+from edgeflow.engines import EngineIncompatibleError, get_backend  # noqa: E402
+from edgeflow.engines import cpu_native  # noqa: E402
+from edgeflow.engines import cpu_host  # noqa: E402
+from edgeflow.distill.student import keep_layers  # noqa: E402
 from tests.families import hf_greedy  # noqa: E402
 
 if not {"avx2", "fma", "f16c"} <= cpu_native._cpu_flags() or shutil.which("cc") is None:
@@ -133,7 +133,7 @@ def _prompts() -> list[list[int]]:
 
 
 def _hf(path: Path):
-    from tasks.engines.checkpoint import load_dequantized
+    from edgeflow.engines.checkpoint import load_dequantized
 
     return load_dequantized(path)
 
@@ -531,7 +531,7 @@ def test_load_generate_score_do_not_import_torch(engines, tmp_path: Path) -> Non
     import subprocess
     import sys
 
-    code = ("import sys; from pathlib import Path; from tasks.engines import cpu_native as c; "
+    code = ("import sys; from pathlib import Path; from edgeflow.engines import cpu_native as c; "
             f"s = c.load(Path({str(engines['asym'])!r})); t = list(c.generate(s, [5, 6, 7], 3, [])); "
             "c.score(s, [5, 6, 7]); c.generate_batch(s, [[5], [6, 7]], 2, []); "
             "print(len(t), 'torch' in sys.modules)")
@@ -711,7 +711,7 @@ def test_sampled_tokens_follow_the_fp32_heads_distribution(params: dict, session
     logits (chi-square, seeded), with the full head read on no step (the bounded draw made them all)."""
     from collections import Counter
 
-    from tasks.engines.sampling import Sampler, SamplingParams
+    from edgeflow.engines.sampling import Sampler, SamplingParams
     from tests.tasks.engines.test_sampling import chi_square_p, target
 
     session = sessions["asym"]
@@ -787,7 +787,7 @@ def test_head_rows_are_the_fp32_logits_the_greedy_head_picks_from(sessions) -> N
 def test_head_universe_is_numpys_with_weights_that_bound_it_from_above(t: float, sessions) -> None:
     """q4.c's head_envelope against sampling.numpy_universe: the same tokens, zmax and cut; every weight at least the
     exact exp(up / T - zmax) and at most 2^-15 above it; the running sum that of the weights."""
-    from tasks.engines.sampling import numpy_universe
+    from edgeflow.engines.sampling import numpy_universe
 
     session = sessions["asym"]
     rng = np.random.default_rng(int(t * 100))
@@ -821,7 +821,7 @@ class _CHead:
                stats: np.ndarray | None = None) -> int:
         """One step for `sampler` (its counts, its uniforms) from the raw bounds lo, up: the token, or < 0 for the
         whole head. `stats` ([rows rescored, nucleus tests that read every row]) is added to."""
-        from tasks.engines.sampling import NUCLEUS_ROWS, REDRAWS, REJECTION_TRIES, TAIL_LOG
+        from edgeflow.engines.sampling import NUCLEUS_ROWS, REDRAWS, REJECTION_TRIES, TAIL_LOG
 
         P, params = cpu_native._ptr, sampler.params
         stats = np.zeros(2, np.int64) if stats is None else stats
@@ -840,7 +840,7 @@ def _c_draws(logits: np.ndarray, lo: np.ndarray, up: np.ndarray, params, n: int,
     """n independent draws by `_CHead.sample`, each with the request's token counts reset to `counts` and given up, as
     cpu_native does, to the whole head when it returns no token. Returns (counts per token, draws given up, [rows
     rescored, nucleus tests that read every row])."""
-    from tasks.engines.sampling import Sampler
+    from edgeflow.engines.sampling import Sampler
 
     v = len(logits)
     exact = np.asarray(logits, np.float32).astype(np.float64)
@@ -901,7 +901,7 @@ def test_sample_bounded_top_k_draws_the_token_the_whole_head_draws(name: str) ->
     """q4.c's top_k rescores its candidates in descending upper bound and stops once the k-th logit found lies above
     every row left: token for token, from the same uniforms, the draw `Sampler.choose` makes over the whole head, on
     300 steps of tied logits (Python's draw_bounded is held to the same in test_sampling.py)."""
-    from tasks.engines.sampling import Sampler
+    from edgeflow.engines.sampling import Sampler
     from tests.tasks.engines.test_sampling import TOP_K_SETTINGS, tied_logits_and_bounds
 
     params, counts = TOP_K_SETTINGS[name]
@@ -920,7 +920,7 @@ def test_sample_bounded_top_k_draws_the_token_the_whole_head_draws(name: str) ->
 def test_sample_bounded_top_k_stops_rescoring_once_the_top_k_is_known() -> None:
     """Bounds up to 2.1 logits wide on each side (the demo student's int8 head): of the rows whose upper bound reaches
     the 40th lower bound, q4.c rescores about half (one at a time, so no more than the top k needs)."""
-    from tasks.engines.sampling import Sampler, SamplingParams, _top_k_rows, numpy_universe
+    from edgeflow.engines.sampling import Sampler, SamplingParams, _top_k_rows, numpy_universe
     from tests.tasks.engines.test_sampling import BIG_V
 
     params = SamplingParams(temperature=0.8, top_k=40, seed=1)
@@ -937,7 +937,7 @@ def test_sample_bounded_top_k_stops_rescoring_once_the_top_k_is_known() -> None:
 
 def test_sample_bounded_greedy_is_the_first_maximum_of_the_penalised_logits() -> None:
     """temperature 0 with penalties: the token is np.argmax of the penalised logits, the lowest id among ties."""
-    from tasks.engines.sampling import Sampler, SamplingParams
+    from edgeflow.engines.sampling import Sampler, SamplingParams
     from tests.tasks.engines.test_sampling import _big_logits
 
     logits = np.round(_big_logits(1), 1).astype(np.float32)
@@ -958,7 +958,7 @@ def test_sample_bounded_greedy_is_the_first_maximum_of_the_penalised_logits() ->
 
 def test_sample_bounded_check_tells_a_near_miss_apart() -> None:
     """The test above can fail: sample_bounded's draws at temperature 0.75 judged against 0.7 are rejected."""
-    from tasks.engines.sampling import SamplingParams
+    from edgeflow.engines.sampling import SamplingParams
     from tests.tasks.engines.test_sampling import _big_logits, chi_square_p, target
 
     logits = _big_logits(5).astype(np.float32)
@@ -969,7 +969,7 @@ def test_sample_bounded_check_tells_a_near_miss_apart() -> None:
 
 
 def test_sample_bounded_refuses_a_bound_that_does_not_hold() -> None:
-    from tasks.engines.sampling import SamplingParams
+    from edgeflow.engines.sampling import SamplingParams
     from tests.tasks.engines.test_sampling import _big_logits
 
     logits = _big_logits(2).astype(np.float32)
@@ -980,7 +980,7 @@ def test_sample_bounded_refuses_a_bound_that_does_not_hold() -> None:
 
 
 def test_a_step_that_would_rescore_more_than_max_candidates_reads_the_whole_head(engines) -> None:
-    from tasks.engines.sampling import SamplingParams
+    from edgeflow.engines.sampling import SamplingParams
 
     session = cpu_native.load(engines["asym"])
     session.max_candidates = 4  # top_k 50 needs at least 50 rows
@@ -990,7 +990,7 @@ def test_a_step_that_would_rescore_more_than_max_candidates_reads_the_whole_head
 
 
 def test_sampling_seed_reproducible_and_independent_of_batching(sessions) -> None:
-    from tasks.engines.sampling import SamplingParams
+    from edgeflow.engines.sampling import SamplingParams
 
     session = sessions["asym"]
     p = SamplingParams(temperature=1.0, top_p=0.95, seed=11)
@@ -1007,7 +1007,7 @@ def test_sampling_seed_reproducible_and_independent_of_batching(sessions) -> Non
 
 
 def test_sampled_logprobs_match_the_fp_model(checkpoints, sessions) -> None:
-    from tasks.engines.sampling import SamplingParams
+    from edgeflow.engines.sampling import SamplingParams
 
     model = _hf(checkpoints["asym"])
     session = sessions["asym"]

@@ -1,9 +1,9 @@
-"""cpu_native on every family tasks/architecture.py describes (tiny random models from tests/families.py).
+"""cpu_native on every family edgeflow/model/architecture.py describes (tiny random models from tests/families.py).
 
 Per family: the fp32 engine's logits against transformers' within LOGIT_BOUND (absolute, every position and
 vocabulary entry; 3e-6 to 6e-6 measured on the AMD EPYC, AVX-512 BF16 box) and the same greedy tokens, and an int4
 g64 RTN engine whose greedy tokens equal the fake-quantized HF model's, on prompts longer than the sliding window.
-Gemma 2's reference runs eager attention (tasks.architecture.transformers_kwargs): transformers' default sdpa path
+Gemma 2's reference runs eager attention (edgeflow.model.architecture.transformers_kwargs): transformers' default sdpa path
 drops its attention softcap. About 20 s on 2 CPU cores.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("llmcompressor")
 
-from tasks.engines import cpu_native  # noqa: E402
+from edgeflow.engines import cpu_native  # noqa: E402
 from tests.families import (  # noqa: E402
     FAMILY_MODELS, build_tiny, family_prompts, fp32_worst_logit_diff, hf_greedy, rtn_int4,
 )
@@ -50,7 +50,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("model_type", list(FAMILY_MODELS))
 def test_fp32_logits_and_greedy_tokens_match_transformers(model_type: str, models, tmp_path: Path, record_property) -> None:
-    from tasks.engines.checkpoint import load_dequantized
+    from edgeflow.engines.checkpoint import load_dequantized
 
     cpu_native.build(models[model_type], tmp_path / "engine", {})
     session = cpu_native.load(tmp_path / "engine")
@@ -63,7 +63,7 @@ def test_fp32_logits_and_greedy_tokens_match_transformers(model_type: str, model
 
 @pytest.mark.parametrize("model_type", list(FAMILY_MODELS))
 def test_int4_greedy_equals_the_fake_quantized_model(model_type: str, models, tmp_path: Path) -> None:
-    from tasks.engines.checkpoint import load_dequantized
+    from edgeflow.engines.checkpoint import load_dequantized
 
     ckpt = rtn_int4(models[model_type], tmp_path / "int4")
     meta = cpu_native.build(ckpt, tmp_path / "engine", {})
@@ -77,7 +77,7 @@ def test_int4_greedy_equals_the_fake_quantized_model(model_type: str, models, tm
 def test_gemma2_softcapped_sampling_draws_from_the_capped_distribution(models, tmp_path: Path) -> None:
     """Gemma 2's final softcap bounds every logit by the cap: the engine's sampled logprobs are those of the capped
     logits (the model's), which the raw head's logits would exceed."""
-    from tasks.engines.sampling import SamplingParams
+    from edgeflow.engines.sampling import SamplingParams
 
     cpu_native.build(models["gemma2"], tmp_path / "engine", {})
     session = cpu_native.load(tmp_path / "engine")

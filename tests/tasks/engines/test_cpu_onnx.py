@@ -1,4 +1,4 @@
-"""Real-model tests of the CPU engine backend (tasks/engines/cpu_onnx.py).
+"""Real-model tests of the CPU engine backend (edgeflow/engines/cpu_onnx.py).
 
 They build a 3-layer student of the teacher named by $EDGEFLOW_TEST_TEACHER (a SmolLM2-style
 LlamaForCausalLM directory), RTN int4 g64 checkpoints of it with llm-compressor (asymmetric and
@@ -19,11 +19,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime_genai")
 pytest.importorskip("llmcompressor")
 
-from tasks.artifacts import sha256_tree  # noqa: E402
-from tasks.engines import EngineIncompatibleError, get_backend  # noqa: E402
-from tasks.engines import cpu_onnx  # noqa: E402
-from tasks.engines.checkpoint import WeightScheme, write_gptq_int4  # noqa: E402
-from tasks.distill.student import keep_layers  # noqa: E402
+from edgeflow.tracking.artifacts import sha256_tree  # noqa: E402
+from edgeflow.engines import EngineIncompatibleError, get_backend  # noqa: E402
+from edgeflow.engines import cpu_onnx  # noqa: E402
+from edgeflow.engines.checkpoint import WeightScheme, write_gptq_int4  # noqa: E402
+from edgeflow.distill.student import keep_layers  # noqa: E402
 
 TEACHER_ENV = "EDGEFLOW_TEST_TEACHER"
 KEEP_LAYERS = (0, 15, 29)  # a layer-dropped student, like the pipeline's (same widths, 3 layers)
@@ -380,9 +380,9 @@ def test_activation_quantization_is_refused_even_when_dequantizing(checkpoints, 
 @pytest.mark.parametrize("recipe", ["gptq-w8a16-sym", "mixed-w8attn-w4mlp"])
 def test_w8_and_mixed_checkpoints_build_dequantized_and_match_their_fake_quant_model(recipe, checkpoints, tmp_path) -> None:
     """Shipped W8A16 / mixed recipes: fp32 engine from the dequantized weights, same logits as the HF model."""
-    from tasks.config import REPO_ROOT
-    from tasks.quantize import quantize
-    from tasks.recipe import load_recipe
+    from edgeflow.paths import REPO_ROOT
+    from edgeflow.quantize.run import quantize
+    from edgeflow.quantize.recipe import load_recipe
 
     ids = _chat_ids(checkpoints["dense"])
     ckpt = tmp_path / "ckpt"
@@ -482,7 +482,7 @@ def test_build_identity_names_the_runtime_versions() -> None:
 def test_sampling_seeded_and_logprobs_match_score(checkpoints, sessions) -> None:
     """Sampling reads each step's full logits: the same seed gives the same tokens, temperature 0 with
     logprobs gives genai's greedy tokens, and the logprobs are log-softmax of the engine's own logits."""
-    from tasks.engines.sampling import SamplingParams
+    from edgeflow.engines.sampling import SamplingParams
 
     session = sessions["asym"]
     ids = _chat_ids(checkpoints["asym"])[0]

@@ -1,4 +1,4 @@
-"""The cpu backend (onnxruntime-genai) on the families its builder takes (tasks/architecture.py BACKEND_FAMILIES["cpu"]):
+"""The cpu backend (onnxruntime-genai) on the families its builder takes (edgeflow/model/architecture.py BACKEND_FAMILIES["cpu"]):
 tiny random Llama 3.x (llama3 RoPE), Qwen2 and Qwen3 models from tests/families.py, with the SmolLM2 teacher's
 tokenizer files (the builder needs one; ids stay below the tiny vocabulary). fp32 logits within LOGIT_BOUND of
 transformers' (4e-6 to 6e-6 measured on the AMD EPYC, AVX-512 BF16 box) and the same greedy tokens. About 30 s on
@@ -13,9 +13,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime_genai")
 
-from tasks.architecture import BACKEND_FAMILIES, RUNS  # noqa: E402
-from tasks.engines import cpu_onnx  # noqa: E402
-from tasks.engines.checkpoint import copy_tokenizer_files, load_dequantized  # noqa: E402
+from edgeflow.model.architecture import BACKEND_FAMILIES, RUNS  # noqa: E402
+from edgeflow.engines import cpu_onnx  # noqa: E402
+from edgeflow.engines.checkpoint import copy_tokenizer_files, load_dequantized  # noqa: E402
 from tests.families import build_tiny  # noqa: E402
 
 LOGIT_BOUND = 1e-4

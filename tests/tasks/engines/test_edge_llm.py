@@ -1,4 +1,4 @@
-"""CPU tests of the TensorRT Edge-LLM engine backend (tasks/engines/edge_llm/), up to the hardware boundary.
+"""CPU tests of the TensorRT Edge-LLM engine backend (edgeflow/engines/edge_llm/), up to the hardware boundary.
 
 Checkpoints are written by hand (config.json, tokenizer files, and for the conversion tests a few tensors
 packed by compressed-tensors' own pack_to_int32). What needs Edge-LLM or the Orin (the exporter, llm_build,
@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.engines import API, EngineIncompatibleError, get_backend, validate_profile
-from tasks.engines import edge_llm as el
-from tasks.engines.checkpoint import InexactWeights, layer, load_tensors, WeightScheme
+from edgeflow.engines import API, EngineIncompatibleError, get_backend, validate_profile
+from edgeflow.engines import edge_llm as el
+from edgeflow.engines.checkpoint import InexactWeights, layer, load_tensors, WeightScheme
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -67,7 +67,7 @@ def _flag(cmd: list[str], name: str) -> str:
 
 
 def test_import_needs_no_gpu_runtime():
-    code = ("import sys, tasks.engines.edge_llm as m; "
+    code = ("import sys, edgeflow.engines.edge_llm as m; "
             "bad = [n for n in ('tensorrt', 'torch', 'tensorrt_edgellm', 'tokenizers') if n in sys.modules]; "
             "assert not bad, bad; print(m.BACKEND)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -462,7 +462,7 @@ def test_load_on_this_cpu_machine_refuses_with_the_compatibility_message(tmp_pat
 
 
 def test_score_and_sampling_mapping():
-    from tasks.engines.sampling import SamplingParams
+    from edgeflow.engines.sampling import SamplingParams
 
     with pytest.raises(EngineIncompatibleError, match=r"returns no logits.*top-50.*consistency gate .* generated tokens"):
         el.score(None, [1, 2, 3])

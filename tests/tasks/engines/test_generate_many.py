@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks.engines import generate_many, get_backend
-from tasks.engines.sampling import SamplingParams
+from edgeflow.engines import generate_many, get_backend
+from edgeflow.engines.sampling import SamplingParams
 
 
 def test_prompts_in_flight_together_give_each_prompts_own_tokens_and_a_refused_prompt_its_error(tiny_llama, tmp_path):

@@ -1,4 +1,4 @@
-"""The llama.cpp backend (tasks/engines/llama_cpp.py) on a 3-layer student of the real teacher.
+"""The llama.cpp backend (edgeflow/engines/llama_cpp.py) on a 3-layer student of the real teacher.
 
 Checkpoints are made with llm-compressor (RTN, no calibration data): int4 asymmetric and symmetric g64, int8
 symmetric per channel, the mixed W8-attention/W4-MLP recipe and an int8 asymmetric one no block holds. The
@@ -19,11 +19,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
 pytest.importorskip("llmcompressor")
 
-from tasks.engines import EngineIncompatibleError, get_backend  # noqa: E402
-from tasks.engines import llama_cpp  # noqa: E402
-from tasks.engines.checkpoint import InexactWeights, layer, load_dequantized, load_tensors, split_tensors  # noqa: E402
-from tasks.engines.sampling import SamplingParams  # noqa: E402
-from tasks.distill.student import keep_layers  # noqa: E402
+from edgeflow.engines import EngineIncompatibleError, get_backend  # noqa: E402
+from edgeflow.engines import llama_cpp  # noqa: E402
+from edgeflow.engines.checkpoint import InexactWeights, layer, load_dequantized, load_tensors, split_tensors  # noqa: E402
+from edgeflow.engines.sampling import SamplingParams  # noqa: E402
+from edgeflow.distill.student import keep_layers  # noqa: E402
 
 KEEP_LAYERS = (0, 15, 29)
 PROMPTS = ("What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.")
@@ -286,9 +286,9 @@ def test_check_compatible_names_both_sides(lc_engines, tmp_path):
 
 def test_the_gate_runs_on_llama_cpp_engines(lc_checkpoints, lc_engines):
     """The consistency stage's own functions: the FP reference (with the fake-quantized pass), then run_gate."""
-    from tasks.config import GateConfig
-    from tasks.evaluation.gate import run_gate
-    from tasks.evaluation.reference import compute_reference
+    from edgeflow.profile.config import GateConfig
+    from edgeflow.evaluation.gate import run_gate
+    from edgeflow.evaluation.reference import compute_reference
 
     seqs = _prompt_ids(lc_checkpoints["dense"])
     ref = compute_reference(lc_checkpoints["dense"], {"asym4": lc_checkpoints["asym4"]}, seqs, seqs[:2], 6, 8, seqs[0], [EOS])

@@ -1,4 +1,4 @@
-"""llama_cpp on every family tasks/architecture.py describes (tiny random models and tokenizers from tests/families.py).
+"""llama_cpp on every family edgeflow/model/architecture.py describes (tiny random models and tokenizers from tests/families.py).
 
 Each family is written as the GGUF architecture llama.cpp's own converter uses (llama with rope_freqs for Llama 3.x,
 qwen2, qwen3, gemma2, gemma3) and run by llama-cpp-python. Per family: the fp32 engine's logits against transformers'
@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
 pytest.importorskip("llmcompressor")
 
-from tasks.engines import llama_cpp  # noqa: E402
-from tasks.engines.checkpoint import load_dequantized  # noqa: E402
+from edgeflow.engines import llama_cpp  # noqa: E402
+from edgeflow.engines.checkpoint import load_dequantized  # noqa: E402
 from tests.families import (  # noqa: E402
     FAMILY_MODELS, WINDOW, build_tiny, family_prompts, fp32_worst_logit_diff, rtn_int4,
 )

@@ -1,4 +1,4 @@
-"""Pre-quantized checkpoints (tasks/engines/checkpoint.py import_prequantized): AutoAWQ GEMM and GPTQ (AutoGPTQ v1,
+"""Pre-quantized checkpoints (edgeflow/engines/checkpoint.py import_prequantized): AutoAWQ GEMM and GPTQ (AutoGPTQ v1,
 GPTQModel v2, act-order) int4 checkpoints written here in those layouts, imported bit-exactly as compressed-tensors.
 
 The layouts are written from the format descriptions (AutoAWQ's WQLinear_GEMM pack order, AutoGPTQ's qweight packed
@@ -17,8 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("llmcompressor")
 
-from tasks.engines import checkpoint as ck  # noqa: E402
-from tasks.engines import cpu_native  # noqa: E402
+from edgeflow.engines import checkpoint as ck  # noqa: E402
+from edgeflow.engines import cpu_native  # noqa: E402
 from tests.families import build_tiny, rtn_int4  # noqa: E402
 
 
@@ -96,7 +96,7 @@ def test_an_imported_checkpoint_holds_the_same_integers_and_runs_the_same(layout
             cfg = ck.read_config(src)
             cfg["quantization_config"]["checkpoint_format"] = "gptq_v2"
             (src / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match=r"an AutoAWQ/GPTQ checkpoint; import it once.*python -m tasks.engines.checkpoint import"):
+    with pytest.raises(ValueError, match=r"an AutoAWQ/GPTQ checkpoint; import it once.*python -m edgeflow.engines.checkpoint import"):
         cpu_native.build(src, tmp_path / "refused", {})
     scheme = ck.import_prequantized(src, tmp_path / "imported")
     assert (scheme.bits, scheme.group_size, scheme.symmetric) == (4, 64, layout.endswith("sym"))
@@ -166,11 +166,11 @@ def test_layouts_not_read_are_refused_naming_the_field(source, tmp_path: Path) -
 
 
 def test_a_variant_quantized_elsewhere_is_adopted_against_its_student(source, tmp_path: Path) -> None:
-    """quantize.variants[].prequantized (tasks/quantize.py adopt): an AutoAWQ checkpoint of the student becomes the
+    """quantize.variants[].prequantized (edgeflow/quantize/run.py adopt): an AutoAWQ checkpoint of the student becomes the
     variant's compressed-tensors checkpoint with the same integers, its weight error measured against the student; a
     compressed-tensors one is taken as it is; another model, or a dense one, is refused naming what differs."""
-    from tasks.artifacts import verify_manifest
-    from tasks.quantize import adopt
+    from edgeflow.tracking.artifacts import verify_manifest
+    from edgeflow.quantize.run import adopt
 
     ref = _fp16_scales(source["asym"], tmp_path / "ref")
     _write_awq_gemm(ref, tmp_path / "awq")

@@ -1,4 +1,4 @@
-"""The shared sampler (tasks/engines/sampling.py): seeds, truncation masses, penalties, logprobs, and the bounded draw's
+"""The shared sampler (edgeflow/engines/sampling.py): seeds, truncation masses, penalties, logprobs, and the bounded draw's
 distribution against the exact softmax."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from tasks.engines.sampling import SamplingParams, Sampler, Token
+from edgeflow.engines.sampling import SamplingParams, Sampler, Token
 
 V = 50
 
@@ -205,7 +205,7 @@ def test_bounded_draws_follow_the_exact_distribution(name: str) -> None:
 def test_the_flat_tail_block_keeps_the_draw_exact(name: str, monkeypatch) -> None:
     """The envelope's tail block (tokens far below the best, held at one flat weight) drawn often: with TAIL_LOG at
     1.5 temperatures, most of the vocabulary is in it, proposals land there and widen the universe."""
-    from tasks.engines import sampling
+    from edgeflow.engines import sampling
 
     monkeypatch.setattr(sampling, "TAIL_LOG", 1.5)
     params, counts = SETTINGS[name]
@@ -283,7 +283,7 @@ def test_bounded_top_k_draws_the_token_the_whole_head_draws(name: str) -> None:
 def test_bounded_top_k_stops_rescoring_once_the_top_k_is_known() -> None:
     """Bounds up to 2.1 logits wide on each side (the demo student's int8 head): of the rows whose upper bound reaches
     the 40th lower bound, about half need rescoring (the rows above the 40th logit, in descending upper bound)."""
-    from tasks.engines.sampling import _top_k_rows, numpy_universe
+    from edgeflow.engines.sampling import _top_k_rows, numpy_universe
 
     params = SamplingParams(temperature=0.8, top_k=40, seed=1)
     s, candidates = Sampler(params), 0
@@ -319,7 +319,7 @@ def test_bounded_draw_gives_the_step_to_the_full_head_when_rows_run_out_or_a_bou
     s = Sampler(SamplingParams(temperature=0.05, seed=0))  # nearly every proposal is the broken row
     assert s.draw_bounded(lo, up, lambda i: logits[i], 1000) is None
     # loose bounds: proposals keep being rejected, and after REJECTION_TRIES the step goes to the full head
-    from tasks.engines.sampling import REJECTION_TRIES
+    from edgeflow.engines.sampling import REJECTION_TRIES
 
     s = Sampler(SamplingParams(temperature=0.1, seed=0))
     assert s.draw_bounded(logits - 0.1, logits + 30.0, lambda i: logits[i], 10**6) is None

@@ -1,4 +1,4 @@
-"""CPU tests of the TensorRT-LLM engine backend (tasks/engines/tensorrt_llm/), up to the hardware boundary.
+"""CPU tests of the TensorRT-LLM engine backend (edgeflow/engines/tensorrt_llm/), up to the hardware boundary.
 
 Checkpoints are written by hand (config.json, tokenizer files, and for the staging tests a few tensors
 packed by compressed-tensors itself); no model and no tensorrt_llm are needed. What runs only on a GPU
@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.artifacts import sha256_tree
-from tasks.engines import API, EngineIncompatibleError, get_backend
-from tasks.engines import engine_dir as edir
-from tasks.engines import tensorrt_llm as trt
-from tasks.engines.checkpoint import load_tensors, unpack_int32_le
+from edgeflow.tracking.artifacts import sha256_tree
+from edgeflow.engines import API, EngineIncompatibleError, get_backend
+from edgeflow.engines import engine_dir as edir
+from edgeflow.engines import tensorrt_llm as trt
+from edgeflow.engines.checkpoint import load_tensors, unpack_int32_le
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -102,7 +102,7 @@ def _flag(cmd: list[str], name: str) -> str | bool:
 
 def test_import_needs_no_gpu_runtime():
     code = (
-        "import sys, tasks.engines.tensorrt_llm as m; "
+        "import sys, edgeflow.engines.tensorrt_llm as m; "
         "bad = [n for n in ('tensorrt_llm', 'tensorrt', 'torch') if n in sys.modules]; "
         "assert not bad, bad; print(m.BACKEND)"
     )
@@ -864,7 +864,7 @@ def test_generate_streams_and_stops_before_stop_token(fake_bindings):
 
 
 def test_sampling_goes_to_the_runtime_sampler(fake_bindings):
-    from tasks.engines.sampling import SamplingParams
+    from edgeflow.engines.sampling import SamplingParams
 
     ex = _FakeExecutor([[5], [6]])
     p = SamplingParams(temperature=0.7, top_p=0.9, top_k=40, seed=3, frequency_penalty=0.5, repetition_penalty=1.1)

@@ -1,4 +1,4 @@
-"""CPU tests of the vllm engine backend (tasks/engines/vllm_engine/), up to the hardware boundary.
+"""CPU tests of the vllm engine backend (edgeflow/engines/vllm_engine/), up to the hardware boundary.
 
 Checkpoints are real llm-compressor outputs: a tiny Llama quantized by `oneshot` with the config groups of the
 shipped recipes (deployments/recipes/*.yaml; round-to-nearest instead of GPTQ/AWQ, which writes the same
@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 import yaml
 
-from tasks.artifacts import sha256_tree
-from tasks.engines import API, EngineIncompatibleError, get_backend, validate_profile
-from tasks.engines import engine_dir as edir
-from tasks.engines import vllm_engine as vl
-from tasks.engines.sampling import PARAMETERS, SamplingParams, Token
-from tasks.evaluation.metrics import log_softmax
+from edgeflow.tracking.artifacts import sha256_tree
+from edgeflow.engines import API, EngineIncompatibleError, get_backend, validate_profile
+from edgeflow.engines import engine_dir as edir
+from edgeflow.engines import vllm_engine as vl
+from edgeflow.engines.sampling import PARAMETERS, SamplingParams, Token
+from edgeflow.evaluation.metrics import log_softmax
 
 REPO = Path(__file__).resolve().parents[3]
 VOCAB = 256
@@ -95,7 +95,7 @@ def _edit(ckpt: Path, dst: Path, group: str | None = "group_0", weights: dict | 
 
 
 def test_import_and_build_need_no_gpu_runtime():
-    code = ("import sys, tasks.engines.vllm_engine as m; "
+    code = ("import sys, edgeflow.engines.vllm_engine as m; "
             "bad = [n for n in ('vllm', 'torch') if n in sys.modules]; assert not bad, bad; print(m.BACKEND)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -333,7 +333,7 @@ def test_load_on_this_cpu_machine_refuses_before_importing_vllm(checkpoints, tmp
     """No monkeypatching: this machine's own fingerprint (no CUDA), and vLLM is not installed here."""
     eng = tmp_path / "eng"
     vl.build(checkpoints["w4a16_sym"], eng, {})
-    code = ("import sys; from pathlib import Path; from tasks.engines import vllm_engine as v\n"
+    code = ("import sys; from pathlib import Path; from edgeflow.engines import vllm_engine as v\n"
             "try:\n    v.load(Path(sys.argv[1]))\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
             "print('vllm' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, str(eng)], cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -363,7 +363,7 @@ def test_greedy_mapping():
             "presence_penalty": 0.0, "frequency_penalty": 0.0}
     assert vl.sampling_kwargs(None, 16, [2, 7]) == base
     assert vl.sampling_kwargs(SamplingParams(), 16, (2, 7)) == base
-    # greedy ignores truncation (vLLM drops it too) but keeps penalties, like tasks.engines.sampling
+    # greedy ignores truncation (vLLM drops it too) but keeps penalties, like edgeflow.engines.sampling
     assert vl.sampling_kwargs(SamplingParams(top_p=0.5, top_k=3, repetition_penalty=1.2, seed=5), 16, [2, 7]) == base | {
         "repetition_penalty": 1.2, "seed": 5}
 

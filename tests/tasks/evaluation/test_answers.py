@@ -1,7 +1,7 @@
 """The repetition figures that tell a demo answer from a loop (the engines' answers are exercised by the gate tests)."""
 from __future__ import annotations
 
-from tasks.evaluation.answers import PROMPTS, repetition, summary
+from edgeflow.evaluation.answers import PROMPTS, repetition, summary
 
 
 def test_a_fluent_answer_is_not_degenerate() -> None:

@@ -6,7 +6,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from tasks.evaluation.report import GateReport, GateRow, parse_gate_report
+from edgeflow.evaluation.report import GateReport, GateRow, parse_gate_report
 
 
 def ref(kind: str, name: str) -> dict:
@@ -15,7 +15,7 @@ def ref(kind: str, name: str) -> dict:
 
 
 def row(name: str, top1: float, passed: bool, quantized: bool = True) -> dict:
-    """A row as flows/consistency.py:gate_variants writes it (tasks/evaluation/gate.py:run_gate, then its additions)."""
+    """A row as edgeflow/pipeline/consistency.py:gate_variants writes it (edgeflow/evaluation/gate.py:run_gate, then its additions)."""
     return {
         "name": name, "size_mb": 1.2, "decode_tok_s": 51.3, "ttft_ms": 20.5, "top1_agreement": top1, "kl": 0.01234,
         "kl_p99": 0.05, "top1_last": 0.9, "greedy_exact": None if not quantized else 0.75, "ppl": 11.125, "passed": passed,
@@ -61,7 +61,7 @@ def test_unknown_or_missing_fields_are_refused_by_name():
 
 
 def test_every_field_is_described():
-    from tasks.evaluation.report import GateReferenceInfo
+    from edgeflow.evaluation.report import GateReferenceInfo
 
     for model in (GateReport, GateRow, GateReferenceInfo):
         assert model.model_config["extra"] == "forbid"

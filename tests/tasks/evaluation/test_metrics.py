@@ -4,7 +4,7 @@ import numpy as np
 
 import pytest
 
-from tasks.evaluation.metrics import Accumulator, LayerError, greedy_exact_match, kl_per_position, log_softmax, nll, top1_agreement
+from edgeflow.evaluation.metrics import Accumulator, LayerError, greedy_exact_match, kl_per_position, log_softmax, nll, top1_agreement
 
 
 def test_top1_agreement_on_known_tensors():
@@ -73,7 +73,7 @@ def test_layer_error_is_relative_and_pooled_over_sequences():
 def test_log_mass_outside_matches_the_sum_over_the_rest_of_the_vocabulary():
     """The gate's fast tail (1 - sum of the k probabilities) against the full sum, on rows from flat to so peaked
     that the subtraction would lose every digit (those rows take the exact path)."""
-    from tasks.evaluation.metrics import EXACT_BELOW, log_mass_outside, logsumexp_outside
+    from edgeflow.evaluation.metrics import EXACT_BELOW, log_mass_outside, logsumexp_outside
 
     rng = np.random.default_rng(0)
     scales = [0.1, 1.0, 5.0, 20.0, 60.0, 400.0]  # logit spread: the last rows put ~all mass on one token

@@ -1,6 +1,6 @@
 import numpy as np
 
-from tasks.evaluation import plots
+from edgeflow.evaluation import plots
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

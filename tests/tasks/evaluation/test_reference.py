@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.evaluation.metrics import Accumulator, kl_from_top_k, kl_per_position, log_softmax
-from tasks.evaluation.reference import load_reference, save_reference, top_k
+from edgeflow.evaluation.metrics import Accumulator, kl_from_top_k, kl_per_position, log_softmax
+from edgeflow.evaluation.reference import load_reference, save_reference, top_k
 
 
 def _logp(rng, n=6, vocab=50, sharp=3.0):
@@ -54,7 +54,7 @@ def test_accumulator_from_a_stored_reference_matches_the_full_one():
 
 
 def test_save_and_load_round_trip(tmp_path):
-    from tasks.evaluation.reference import Reference
+    from edgeflow.evaluation.reference import Reference
 
     rng = np.random.default_rng(2)
     seqs = [[1, 2, 3], [4, 5, 6, 7, 8]]
@@ -81,10 +81,10 @@ def test_engine_side_against_the_stored_reference_equals_the_direct_comparison(t
     """The FP student's reference computed once (torch), then the engine side scoring a built engine against it
     with no model weights in reach: KL over the full vocabulary equals the direct KL of the two models' logits;
     a smaller top-k gives at most that, and reports the mass it left out."""
-    from tasks.config import GateConfig
-    from tasks.engines import get_backend
-    from tasks.evaluation.gate import run_gate
-    from tasks.evaluation.reference import HFScorer, compute_reference
+    from edgeflow.profile.config import GateConfig
+    from edgeflow.engines import get_backend
+    from edgeflow.evaluation.gate import run_gate
+    from edgeflow.evaluation.reference import HFScorer, compute_reference
 
     backend = get_backend("cpu_native")
     engine = tmp_path / "engine"
@@ -126,7 +126,7 @@ def test_batched_greedy_continuations_are_each_prompts_own_unbatched_continuatio
     without a cache gives, and each row stops before its first stop token while the others go on."""
     import torch
 
-    from tasks.evaluation.reference import HFScorer
+    from edgeflow.evaluation.reference import HFScorer
 
     scorer = HFScorer(tiny_llama)
     rng = np.random.default_rng(5)

@@ -1,4 +1,4 @@
-"""The student gate (tasks/evaluation/student_gate.py) and the gate's answers rule (tasks/evaluation/gate.py):
+"""The student gate (edgeflow/evaluation/student_gate.py) and the gate's answers rule (edgeflow/evaluation/gate.py):
 the verdicts on measured students and variants, and what the report says of them. The release that refuses a
 student end to end: tests/flows/test_release_e2e.py."""
 from __future__ import annotations
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from tasks.config import GateConfig, StudentGateConfig
-from tasks.evaluation.answers import repetition
-from tasks.evaluation.student_gate import check_student, rejection_message
+from edgeflow.profile.config import GateConfig, StudentGateConfig
+from edgeflow.evaluation.answers import repetition
+from edgeflow.evaluation.student_gate import check_student, rejection_message
 
 # What the distill stage recorded for test-tiny's 3-layer, 3-step student, and for the SmolLM2 demo student (BENCHMARKS.md)
 TINY = {"student_top1_vs_teacher": 0.0668, "student_kl_vs_teacher": 7.7646, "student_ppl": 34048.6, "teacher_ppl": 37.3,
@@ -74,7 +74,7 @@ MEASURED = {"engine_parity": 1.0, "top1_agreement": 0.999, "kl": 0.001, "greedy_
 
 
 def test_a_variant_whose_answers_degenerate_fails_whatever_its_kl():
-    from tasks.evaluation.gate import variant_reasons
+    from edgeflow.evaluation.gate import variant_reasons
 
     gate = GateConfig()
     assert variant_reasons(MEASURED, gate, answers(5, 0)) == []
@@ -91,7 +91,7 @@ def _ctx():
 
 
 def test_a_report_of_a_refused_student_has_no_variants_and_says_why_and_what_failed():
-    from tasks.report import markdown, release_report
+    from edgeflow.tracking.report import markdown, release_report
 
     verdict = check_student(TINY, StudentGateConfig())
     why = rejection_message(verdict, 3, 3)
@@ -109,7 +109,7 @@ def test_a_report_of_a_refused_student_has_no_variants_and_says_why_and_what_fai
 
 
 def test_the_quality_line_never_exceeds_100_percent_without_its_reason():
-    from tasks.report import quality_phrase
+    from edgeflow.tracking.report import quality_phrase
 
     assert quality_phrase({"student_quality_pct": 64.0}) == "quality 64% of the teacher (teacher perplexity / student perplexity)"
     above = quality_phrase({"student_quality_pct": 152.5})

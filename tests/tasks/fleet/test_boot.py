@@ -19,8 +19,9 @@ import httpx
 import pytest
 import yaml
 
-from tasks.config import REPO_ROOT, Profile
-from tasks.fleet.device import DEVICE_CONFIG_ENV
+from edgeflow.paths import REPO_ROOT
+from edgeflow.profile.config import Profile
+from edgeflow.device.identity import DEVICE_CONFIG_ENV
 from tests.live_server import _free_port
 
 UNIT = REPO_ROOT / "infra" / "systemd" / "edgeflow-edge-server.service"
@@ -65,9 +66,9 @@ def _write_profile(root: Path, model_name: str) -> Path:
 
 def _install_package(profile: Profile, engine_dir: Path) -> Path:
     """The package fetch_version would leave installed: engine/ + lineage.json with a manifest (the layout
-    flows/register.py:package_variant writes), in versions/v<version>-<first 12 hex of its tree hash>."""
-    from tasks.artifacts import write_manifest
-    from tasks.store import link_or_copy
+    edgeflow/pipeline/register.py:package_variant writes), in versions/v<version>-<first 12 hex of its tree hash>."""
+    from edgeflow.tracking.artifacts import write_manifest
+    from edgeflow.tracking.store import link_or_copy
 
     versions = profile.resolve(profile.deploy.install_dir) / "versions"
     tmp = versions / f"v{VERSION}.download"
@@ -102,7 +103,7 @@ def _descendants(roots: set[int]) -> set[int]:
 
 def _kill_tree(run: Path, pattern: str = "*.pid") -> set[int]:
     """SIGKILL every pid in run/<pattern>, its process group and every descendant, as a power cut would; wait until gone."""
-    from tasks.processes import alive, read_pid
+    from edgeflow.ops.processes import alive, read_pid
 
     roots = {read_pid(pf) for pf in run.glob(pattern)}
     tree = _descendants(roots)
@@ -124,7 +125,7 @@ def _unit_command(profile_path: Path) -> list[str]:
     """ExecStart of edgeflow-edge-server.service, with this checkout's python and the test's profile."""
     line = next(ln for ln in UNIT.read_text().splitlines() if ln.startswith("ExecStart="))
     argv = shlex.split(line.removeprefix("ExecStart="))
-    assert argv[0] == "/opt/edgeflow/.venv/bin/python" and argv[1:3] == ["-m", "tasks.fleet.boot"], argv
+    assert argv[0] == "/opt/edgeflow/.venv/bin/python" and argv[1:3] == ["-m", "edgeflow.device.boot"], argv
     argv[0] = sys.executable
     argv[argv.index("--profile") + 1] = str(profile_path)
     return argv
@@ -139,8 +140,8 @@ def _boot(profile_path: Path) -> subprocess.CompletedProcess:
 def device(tmp_path, engine_dir, monkeypatch) -> Iterator[Device]:
     """Version 1 deployed on this host by the deploy's own steps: bound engine, candidate on a side port health-gated
     with a smoke chat, the proxy switched to it, state.json written."""
-    from tasks.deploy import engine_for_device, ensure_proxy, start_candidate, switch_to
-    from tasks.fleet.device import load_device_profile
+    from edgeflow.device.deploy import engine_for_device, ensure_proxy, start_candidate, switch_to
+    from edgeflow.device.identity import load_device_profile
 
     path = _write_profile(tmp_path, "edgeflow-boot-test")
     monkeypatch.setenv(DEVICE_CONFIG_ENV, str(tmp_path / "device.yaml"))
@@ -232,7 +233,7 @@ def test_a_power_cut_between_the_switch_and_its_state_write_boots_the_recorded_v
     """Version 2 is started and health-gated, the proxy is switched to it (proxy.json says so), and every process dies
     before state.json is written. Boot serves version 1 again, the version state.json names (and the registry's
     deployment record, written after the state), points the proxy back at it and records the undone switch."""
-    from tasks.deploy import point_proxy, start_candidate
+    from edgeflow.device.deploy import point_proxy, start_candidate
 
     before = device.state()["current"]
     engine = Path(before["engine"])

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.codeversion import code_identity
-from tasks.engines.cpu_host import ISA_FLAGS
-from tasks.fleet.facts import JETSON_FACTS, detect_facts, jetson_sku
+from edgeflow.tracking.codeversion import code_identity
+from edgeflow.engines.cpu_host import ISA_FLAGS
+from edgeflow.device.facts import JETSON_FACTS, detect_facts, jetson_sku
 
 
 def _proc(path: str) -> dict[str, str]:

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from serving.access_log import AccessLog, segments
-from tasks.artifacts import ChecksumError
-from tasks.config import REPO_ROOT, load_profile
-from tasks.fleet.device import DeviceConfig
-from tasks.fleet.logship import (
+from edgeflow.serving.access_log import AccessLog, segments
+from edgeflow.tracking.artifacts import ChecksumError
+from edgeflow.paths import REPO_ROOT
+from edgeflow.profile.config import load_profile
+from edgeflow.device.identity import DeviceConfig
+from edgeflow.device.logship import (
     access_log_path, describe, device_run, fetch_segments, read_manifest, ship_segments, upload_segments,
 )
 
@@ -58,7 +59,7 @@ def stored_ids(device_id: str, dest: Path) -> list[str]:
 
 
 def _devprof(profile, device):
-    from tasks.fleet.device import device_profile
+    from edgeflow.device.identity import device_profile
 
     return device_profile(profile, device)
 
@@ -66,7 +67,7 @@ def _devprof(profile, device):
 def _client():
     from mlflow import MlflowClient
 
-    from tasks.runs import tracking_uri
+    from edgeflow.tracking.runs import tracking_uri
 
     return MlflowClient(tracking_uri())
 

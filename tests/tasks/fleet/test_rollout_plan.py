@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from tasks.config import DeployConfig, RolloutConfig, WaveSpec, load_profile
-from tasks.fleet.device import DeviceConfig, device_profile, load_device
-from tasks.fleet.inventory import DeviceRecord, Serving, prometheus_targets, select, table
-from tasks.fleet.probe import common_prefix_share
-from tasks.fleet.rollout import plan_waves, targeted, wave_sizes
-from tasks.fleet.watch import DeviceFigures, judge, pooled
+from edgeflow.profile.config import DeployConfig, RolloutConfig, WaveSpec, load_profile
+from edgeflow.device.identity import DeviceConfig, device_profile, load_device
+from edgeflow.fleet.inventory import DeviceRecord, Serving, prometheus_targets, select, table
+from edgeflow.device.probe import common_prefix_share
+from edgeflow.fleet.rollout import plan_waves, targeted, wave_sizes
+from edgeflow.fleet.watch import DeviceFigures, judge, pooled
 
 
 def test_cumulative_waves_become_disjoint_device_lists():
@@ -121,7 +121,7 @@ def test_the_verdict_compares_the_wave_with_the_old_version_devices():
 def test_a_prometheus_that_does_not_answer_fails_the_wave_closed():
     from tests.live_server import _free_port
 
-    from tasks.fleet.watch import WatchError, observe
+    from edgeflow.fleet.watch import WatchError, observe
 
     cfg = RolloutConfig(prometheus_url=f"http://127.0.0.1:{_free_port()}")  # nothing listens there
     with pytest.raises(WatchError, match=r"Prometheus at http://127.0.0.1:\d+ did not answer .*the wave fails closed"):

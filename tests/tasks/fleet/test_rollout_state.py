@@ -1,8 +1,8 @@
 """A rollout's state survives its process: persisted to MLflow after every step, found again by the flow run id."""
 from __future__ import annotations
 
-from tasks.config import WaveSpec
-from tasks.fleet.rollout import RolloutState, WaveState, find_state, plan_waves, save_state, start_state
+from edgeflow.profile.config import WaveSpec
+from edgeflow.fleet.rollout import RolloutState, WaveState, find_state, plan_waves, save_state, start_state
 
 
 def test_a_retry_finds_the_wave_it_was_in(mlflow_tracking):

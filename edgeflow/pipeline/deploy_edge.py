@@ -1,0 +1,174 @@
+"""Deploy-edge stage (runs on the `orin` pool): a blue/green rollout that never breaks the serving version.
+
+Tiny CPU run (with services up and a `staging` version registered): python -m edgeflow.pipeline.deploy_edge --profile configs/demo-cpu.yaml
+
+fetch + verify checksums → bind the engine to this device (check, reuse or build) → start the new
+server on the free side port → /ready, deep /health, smoke chat → switch the stable port's proxy to it
+→ drain and stop the old server. Any failure before the switch leaves the old server serving and the
+alias where it was; the failed deployment is recorded in MLflow either way.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from prefect import flow, task
+
+from edgeflow.profile.config import Profile
+from edgeflow.device.identity import load_device_profile  # the profile with this device's deploy settings (device.yaml)
+
+
+@task
+def fetch(target: Profile, alias: str, version: str | None = None) -> tuple[str, str]:
+    """Download the aliased (or the given) version into its own versioned directory and verify every sha256."""
+    from edgeflow.device.deploy import fetch_version
+
+    version, path = fetch_version(target, alias, version)
+    return version, str(path)
+
+
+@task
+def check_serving(target: Profile, version: str, package: str) -> dict | None:
+    """Is this exact version already serving here, proxied and healthy? (then there is nothing to roll out)"""
+    from edgeflow.device.deploy import already_serving, client_headers, public_url, smoke_chat
+
+    serving = already_serving(target, version, Path(package))
+    # still prove the stable port answers a chat, as a real rollout would
+    return serving and serving | {"smoke_answer": smoke_chat(public_url(target), target.registry.model_name,
+                                                             target.deploy.smoke_prompt, headers=client_headers(target))}
+
+
+@task
+def bind_engine(target: Profile, package: str) -> tuple[str, str]:
+    """Check the shipped engine against this device, or build one here from the checkpoint."""
+    from edgeflow.device.deploy import engine_for_device
+
+    engine, how = engine_for_device(target, Path(package))
+    print(how)
+    return str(engine), how
+
+
+@task
+def start_candidate(target: Profile, engine: str, version: str, package: str) -> dict:
+    """Start the new version on the free side port and health-gate it (deep /health + a smoke chat)."""
+    from edgeflow.device.deploy import start_candidate as start
+
+    return start(target, Path(engine), version, Path(package))
+
+
+@task
+def switch_traffic(target: Profile, candidate: dict) -> dict:
+    """Point the stable port at the candidate; the old server finishes its requests, then stops."""
+    from edgeflow.device.deploy import ensure_proxy, switch_to
+
+    ensure_proxy(target)
+    return switch_to(target, candidate)
+
+
+@task
+def record(target: Profile, alias: str, outcome: dict, package: str | None = None) -> None:
+    """Log the deployment (succeeded or failed, and why) as a run of the MLflow `edgeflow-deployments` experiment,
+    tagged with the hash of the package it installed (`package`, once fetched)."""
+    from edgeflow.device.deploy import record_deployment
+
+    record_deployment(target, alias, outcome, Path(package) if package else None)
+    refresh_inventory(target)
+
+
+def refresh_inventory(target: Profile) -> None:
+    """A registered device's inventory record says what it serves now (python -m edgeflow.fleet list). A record that
+    cannot be written leaves the deploy's outcome as it is (the device serves what it serves); it says so instead."""
+    from edgeflow.device.identity import load_device
+    from edgeflow.fleet.inventory import update_serving
+
+    device = load_device()
+    if device is None:
+        return
+    try:
+        update_serving(target, device)
+    except Exception as e:  # noqa: BLE001 - the inventory is a view; the deployment record above is the record
+        print(f"inventory record of {device.id} not refreshed ({type(e).__name__}: {e}); the next registration or deploy refreshes it")
+
+
+@flow(name="deploy-edge", log_prints=True)
+def deploy_edge(profile: str, alias: str = "staging", force: bool = False, version: str | None = None,
+                reason: str = "") -> dict:
+    """Registered version in (the alias's, or `version`), a healthy server behind the stable port out (or the old
+    one, untouched). `reason` is recorded with the deployment (a rollout names its wave, a rollback its breach)."""
+    from prefect.runtime import flow_run
+
+    from edgeflow.device.deploy import check_exposure, public_url
+
+    target = load_device_profile(profile)  # once: the profile with this device's deploy settings, handed to each step
+    outcome: dict = {"alias": alias, "prefect_flow_run_id": flow_run.get_id(), "reason": reason}
+    package = None
+    try:
+        check_exposure(target)  # before anything is fetched or started
+        version, package = fetch(target, alias, version)
+        outcome["version"] = version
+        serving = None if force else check_serving(target, version, package)
+        if serving:
+            # Nothing to roll out: record the (successful, unchanged) deployment and leave the device alone.
+            result = {"url": public_url(target), "version": version, "unchanged": True,
+                      "engine_binding": f"already serving version {version} on port {serving['port']} (healthy)",
+                      "smoke_answer": serving["smoke_answer"], "health": serving["health"], "side_port": serving["port"]}
+            record(target, alias, outcome | {"status": "FINISHED"} | result, package)
+            return result | {"alias": alias}
+        engine, how = bind_engine(target, package)
+        candidate = start_candidate(target, engine, version, package)
+        switched = switch_traffic(target, candidate)
+    except Exception as e:
+        record(target, alias, outcome | {"status": "FAILED", "error": f"{type(e).__name__}: {e}"}, package)
+        raise
+    result = {
+        "url": public_url(target), "version": version, "engine_binding": how,
+        "smoke_answer": candidate["smoke_answer"], "health": candidate["health"], "side_port": candidate["port"],
+    } | switched
+    record(target, alias, outcome | {"status": "FINISHED"} | result, package)
+    return result | {"alias": alias}
+
+
+@flow(name="rollback-edge", log_prints=True)
+def rollback_edge(profile: str) -> dict:
+    """Serve the version this device ran before, by the same health-gated switch (no registry call needed)."""
+    from edgeflow.tracking.artifacts import verify_manifest
+    from edgeflow.device.deploy import previous_deployment, public_url
+
+    target = load_device_profile(profile)
+    prev = previous_deployment(target)
+    verify_manifest(Path(prev["package"]))  # the old files are still what was verified at the time
+    candidate = start_candidate(target, prev["engine"], prev["version"], prev["package"])
+    switched = switch_traffic(target, candidate)
+    result = {"url": public_url(target), "version": prev["version"], "smoke_answer": candidate["smoke_answer"]} | switched
+    record(target, "rollback", {"status": "FINISHED"} | result, prev["package"])
+    return result
+
+
+@flow(name="reconcile-edge", log_prints=True)
+def reconcile_edge(profile: str) -> dict:
+    """On the device: serve the fleet's `production` version if it serves another, unless a rollout is at work
+    (edgeflow/device/reconcile.py); its own `reconcile-<id>` deployment runs it on a schedule."""
+    from edgeflow.device.reconcile import decide
+    from edgeflow.pipeline.locks import active_rollouts
+
+    decision = decide(load_device_profile(profile), active_rollouts())
+    print(f"reconcile: {decision.action}: {decision.reason}")
+    out = decision.model_dump()
+    if decision.action == "deploy":
+        out["deployed"] = deploy_edge(profile, "production", version=decision.intended, reason=f"reconcile: {decision.reason}")
+    return out
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--profile", default="configs/demo-cpu.yaml")
+    ap.add_argument("--alias", default="staging")
+    ap.add_argument("--rollback", action="store_true", help="serve the previous version instead")
+    ap.add_argument("--force", action="store_true", help="roll out even if this version already serves here")
+    ap.add_argument("--reconcile", action="store_true", help="serve the fleet's production version if this device "
+                    "serves another (and no rollout is at work)")
+    a = ap.parse_args()
+    if a.reconcile:
+        print(reconcile_edge(a.profile))
+    else:
+        print(rollback_edge(a.profile) if a.rollback else deploy_edge(a.profile, a.alias, a.force))

@@ -1,0 +1,2 @@
+"""The profile: the validated pydantic models of configs/*.yaml (config.py).
+"""
