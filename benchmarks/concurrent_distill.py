@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import edgeflow.pipeline  # noqa: F401  (the allocator and EDGEFLOW_TORCH_THREADS, as in a stage process)
 from transformers import AutoTokenizer
-from edgeflow.profile.config import load_profile
+from edgeflow.preflight import load_profile
 from edgeflow.distill.run import run_distill
 from edgeflow.evaluation.gate import eval_texts
 from edgeflow.model.source import teacher_dir

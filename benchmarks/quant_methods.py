@@ -31,7 +31,7 @@ import torch  # noqa: E402
 
 from edgeflow.calibration.mix import build_calibration_set, check_no_leakage  # noqa: E402
 from edgeflow.paths import REPO_ROOT  # noqa: E402
-from edgeflow.profile.config import load_profile  # noqa: E402
+from edgeflow.preflight import load_profile  # noqa: E402
 from edgeflow.evaluation.gate import tokenize  # noqa: E402
 from edgeflow.evaluation.reference import HFScorer  # noqa: E402
 from edgeflow.evaluation.metrics import Accumulator, log_softmax  # noqa: E402

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from edgeflow.paths import REPO_ROOT  # noqa: E402
-from edgeflow.profile.config import load_profile  # noqa: E402
+from edgeflow.preflight import load_profile  # noqa: E402
 from edgeflow.distill.student import keep_layers  # noqa: E402
 from edgeflow.model.source import teacher_dir  # noqa: E402
 from edgeflow.quantize.run import quantize  # noqa: E402

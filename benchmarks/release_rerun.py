@@ -61,7 +61,7 @@ def main() -> None:
     from mlflow import MlflowClient
 
     from edgeflow.paths import REPO_ROOT
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
     from edgeflow.tracking.runs import tracking_uri
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from edgeflow.profile.config import load_profile  # noqa: E402
+from edgeflow.preflight import load_profile  # noqa: E402
 from edgeflow.distill import run_distill  # noqa: E402
 from edgeflow.evaluation.gate import eval_texts  # noqa: E402
 from edgeflow.model.source import teacher_dir  # noqa: E402

@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO))
 def main() -> int:
     from prefect.deployments import run_deployment
 
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
     from edgeflow.pipeline.progress import follow
     from edgeflow.evaluation.answers import repetition
     from edgeflow.tracking.report import quality_phrase, staged_row, table

@@ -90,10 +90,10 @@ def model_tables(model: type, prefix: str, seen: set[str] | None = None) -> list
 
 
 def profile_page() -> str:
-    from edgeflow.profile.config import Profile
+    from edgeflow.profile import Profile
 
     head = ("# Profile reference\n\n" + GENERATED +
-            "A profile is one YAML file (`configs/*.yaml`), validated when it loads (`edgeflow/profile/config.py:Profile`): every "
+            "A profile is one YAML file (`configs/*.yaml`), validated when it loads (`edgeflow/profile/`, one module per section; what reads the disk: `edgeflow/preflight.py`): every "
             "model refuses unknown keys, and a bad value is named with its limit and the fix before anything runs. "
             "`edgeflow init MODEL` writes one for your own model.\n\n")
     return head + "\n".join(model_tables(Profile, "")) + "\n"

@@ -190,7 +190,7 @@ def step_distill(args) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
     from edgeflow.distill import finish_run, prepare_run, train
     from edgeflow.distill.run import compare_to_teacher
     from edgeflow.evaluation.gate import eval_texts
@@ -238,7 +238,7 @@ def calibration_ids(tokenizer, out: Path) -> list[list[int]]:
     import pyarrow.parquet as pq
 
     from edgeflow.calibration.mix import build_calibration_set
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
 
     c = load_profile(PROFILE).calibration
     path = out / "work" / "calibration.parquet"
@@ -298,7 +298,7 @@ def step_gate(args) -> dict:
     from transformers import AutoTokenizer
 
     from edgeflow.pipeline.gate_reference import SPEED_QUESTION
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
     from edgeflow.engines import get_backend
     from edgeflow.engines.engine_dir import stop_ids
     from edgeflow.evaluation.gate import eval_texts, greedy_prompts, run_gate, tokenize

@@ -57,7 +57,7 @@ def teacher_dir() -> Path:
     preset = os.environ.get("EDGEFLOW_TEST_TEACHER")
     if preset and Path(preset, "model.safetensors").exists():
         return Path(preset)
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
     from edgeflow.model.source import teacher_dir as converted_teacher
 
     # Same profile (and so the same cache) as the end-to-end release test: one conversion per machine.

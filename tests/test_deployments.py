@@ -26,7 +26,7 @@ from prefect.workers.process import ProcessWorker
 from pydantic import ValidationError
 
 from edgeflow.paths import REPO_ROOT
-from edgeflow.profile.config import load_profile
+from edgeflow.preflight import load_profile
 
 PREFECT_YAML = REPO_ROOT / "prefect.yaml"
 K8S_TEMPLATES = REPO_ROOT / "infra" / "kubernetes"
@@ -242,7 +242,7 @@ def test_every_flow_has_a_deployment():
 def test_every_placeable_stage_names_its_deployment():
     """edgeflow/pipeline/stages.py sends a pool-placed stage to DEPLOYMENTS[stage]: each one exists and runs that stage's flow."""
     from edgeflow.pipeline.stages import DEPLOYMENTS
-    from edgeflow.profile.config import STAGES
+    from edgeflow.profile import STAGES
 
     by_name = {d["name"]: d for d in deployments()}
     assert set(DEPLOYMENTS) == set(STAGES)

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from edgeflow.calibration.access_logs import _lines, _parse_ts, ingest, log_files
 from edgeflow.calibration.mix import find_overlap
-from edgeflow.profile.config import Profile
+from edgeflow.profile import Profile
 
 
 class DeviceSegments(Protocol):

@@ -88,7 +88,7 @@ def _recipe_for(name: str, g: int, out_dir: Path) -> str:
 
 
 def placement(hosts: list[str]) -> tuple[dict[str, str], str]:
-    """Each stage's pool for the pools named, and why (edgeflow/profile/config.py PlacementConfig)."""
+    """Each stage's pool for the pools named, and why (edgeflow/profile/placement.py PlacementConfig)."""
     has = set(hosts)
     gpu = "a100" if "a100" in has else ("cpu" if "cpu" in has else "inline")
     edge = "orin" if "orin" in has else gpu
@@ -174,7 +174,7 @@ placement:
 
 def write(model: str, out: Path, name: str | None = None, hosts: list[str] | None = None, force: bool = False) -> Path:
     """Render, check that it loads as a profile, then write `out`."""
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
 
     hosts = hosts or []
     unknown = sorted(set(hosts) - set(POOLS))

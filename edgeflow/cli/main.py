@@ -140,7 +140,7 @@ def _run(cmd: Command, name: str, args: list[str]) -> int:
     # (a fixed subcommand of the entry point, as in `edgeflow up`, names itself after "edgeflow")
     os.environ["EDGEFLOW_PROG"] = "edgeflow" if cmd.fixed and not cmd.fixed[0].startswith("-") else f"edgeflow {name}"
     try:
-        with warnings.catch_warnings():  # runpy's note that the module was imported before (edgeflow/profile/config.py imports some)
+        with warnings.catch_warnings():  # runpy's note that the module was imported before (the preflight imports some)
             warnings.filterwarnings("ignore", category=RuntimeWarning, message=".*found in sys.modules")
             if cmd.target.endswith(".py"):
                 runpy.run_path(str(REPO_ROOT / cmd.target), run_name="__main__")
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"example: {cmd.example}\n")
     try:
         if cmd.profile and not ("-h" in args or "--help" in args):
-            from edgeflow.profile.config import load_profile
+            from edgeflow.preflight import load_profile
 
             load_profile(_profile_arg(args))  # a profile that does not load never reaches a flow run
         if cmd.services:

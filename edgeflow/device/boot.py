@@ -40,7 +40,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from edgeflow.profile.config import Profile
+from edgeflow.profile import Profile
 from edgeflow.device.identity import load_device_profile
 
 EXIT_SERVING, EXIT_FAILED, EXIT_CONFIG, EXIT_PACKAGE = 0, 1, 2, 3

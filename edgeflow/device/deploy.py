@@ -20,7 +20,7 @@ import httpx
 
 from edgeflow.tracking.artifacts import ChecksumError, verify_manifest
 from edgeflow.paths import REPO_ROOT
-from edgeflow.profile.config import Profile
+from edgeflow.profile import Profile
 from edgeflow.engines import EngineIncompatibleError, get_backend
 from edgeflow.ops.processes import alive, read_pid, spawn_detached, stop_group, stop_groups
 

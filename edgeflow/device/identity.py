@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from edgeflow.profile.config import DeployConfig, Profile
+from edgeflow.profile import DeployConfig, Profile
 
 DEVICE_CONFIG_ENV = "EDGEFLOW_DEVICE_CONFIG"
 ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
@@ -143,7 +143,7 @@ def device_profile(profile: Profile, device: DeviceConfig | None = None) -> Prof
 
 def load_device_profile(path: str | Path) -> Profile:
     """load_profile(path), as this device applies it (device_profile)."""
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
 
     return device_profile(load_profile(path))
 

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from edgeflow.serving.access_log import identity, mark_shipped, remove_shipped, segments
 from edgeflow.calibration.access_logs import _lines, _parse_ts
 from edgeflow.tracking.artifacts import ArtifactRef, ChecksumError, sha256_file
-from edgeflow.profile.config import Profile
+from edgeflow.profile import Profile
 from edgeflow.device.deploy import access_log_path  # the one owner of the device layout (re-exported for callers here)
 from edgeflow.device.identity import DeviceConfig, device_profile
 
@@ -274,7 +274,7 @@ if __name__ == "__main__":
     f.add_argument("--dest", type=Path, required=True)
     a = ap.parse_args()
     if a.cmd == "ship":
-        from edgeflow.profile.config import load_profile
+        from edgeflow.preflight import load_profile
         from edgeflow.device.identity import load_device
 
         print(ship_segments(load_profile(a.profile), load_device(required=True)).model_dump_json(indent=1))

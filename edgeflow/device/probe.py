@@ -17,7 +17,7 @@ from __future__ import annotations
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from edgeflow.profile.config import Profile
+from edgeflow.profile import Profile
 
 
 class ProbeResult(BaseModel):

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from edgeflow.profile.config import Profile
+from edgeflow.profile import Profile
 
 
 class Decision(BaseModel):

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from edgeflow.tracking.artifacts import MANIFEST, sha256_file, sha256_json, sha256_tree
-from edgeflow.profile.config import DistillConfig
+from edgeflow.profile import DistillConfig
 
 def _tree_identity(d: Path) -> str:
     """Content hash of a model directory: its edgeflow manifest when present (written once, immutable), else the files."""

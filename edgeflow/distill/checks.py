@@ -10,7 +10,7 @@ import logging
 import warnings
 from pathlib import Path
 
-from edgeflow.profile.config import DistillConfig
+from edgeflow.profile import DistillConfig
 
 logger = logging.getLogger("edgeflow.distill")
 

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import torch
 
 from edgeflow.tracking.artifacts import sha256_file, sha256_json
-from edgeflow.profile.config import DistillConfig
+from edgeflow.profile import DistillConfig
 from edgeflow.distill.checks import tokenizer_fingerprint
 from edgeflow.calibration.textdata import read_records, record_text
 

@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 
 from edgeflow.paths import REPO_ROOT
-from edgeflow.profile.config import DistillConfig
+from edgeflow.profile import DistillConfig
 from edgeflow.distill import (LogFn, compare_to_teacher, finish_run, load_tokenizer, prepare_dataset, prepare_run, run_distill,
                            teacher_logits, train)
 from edgeflow.tracking.runs import MlflowStepLogger

@@ -15,7 +15,7 @@ import torch
 
 from edgeflow.model.architecture import transformers_kwargs
 from edgeflow.tracking.artifacts import sha256_tree, write_manifest
-from edgeflow.profile.config import DistillConfig
+from edgeflow.profile import DistillConfig
 from edgeflow.distill.checkpoints import checkpoint_root, distill_run_key
 from edgeflow.distill.checks import (PARAM_RATIO_GUIDELINE, check_memory_budget, check_no_shared_storage, check_teacher_frozen,
                                   check_vocab, load_tokenizer, param_ratio)

@@ -143,7 +143,7 @@ def spec_for(corpora: list[Path], teacher_sha256: str, max_new_tokens: int, max_
 def shared_answers(client, teacher_dir: Path, teacher_sha256: str, cfg, corpora: list[Path], root: Path,
                    artifact_location: str | None = None) -> tuple[Path | None, dict[str, float]]:
     """answers_file with the store: pull the namespace's file from MLflow, else generate it here (the teacher on CUDA
-    in bfloat16 when there is one), then push it for the next host. cfg is a edgeflow.profile.config.SequenceKDConfig."""
+    in bfloat16 when there is one), then push it for the next host. cfg is a edgeflow.profile.SequenceKDConfig."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from edgeflow.distill import teacher_cache

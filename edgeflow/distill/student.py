@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from edgeflow.model.architecture import transformers_kwargs
-from edgeflow.profile.config import DistillConfig
+from edgeflow.profile import DistillConfig
 from edgeflow.distill.losses import check_layer_map, default_layer_map, spread_layer_map
 
 

@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from edgeflow.profile.config import DistillConfig
+from edgeflow.profile import DistillConfig
 from edgeflow.distill.checkpoints import find_checkpoint, gather_rng, load_checkpoint, rank_rng, save_checkpoint, set_rng_state
 from edgeflow.distill.checks import check_no_shared_storage, check_teacher_frozen
 from edgeflow.distill.data import BatchOrder, TokenDataset, collate

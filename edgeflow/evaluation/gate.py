@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from edgeflow.calibration.mix import allocate
-from edgeflow.profile.config import GateConfig
+from edgeflow.profile import GateConfig
 from edgeflow.engines import generate_many, get_backend
 from edgeflow.evaluation.answers import answer_prompts, ok_share, summary
 from edgeflow.evaluation.metrics import Accumulator, greedy_exact_match, log_softmax

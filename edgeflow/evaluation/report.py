@@ -81,7 +81,7 @@ class GateReport(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    thresholds: dict[str, Any] = Field(description="The profile's gate config as applied, less eval_sources (edgeflow/profile/config.py:GateConfig).")
+    thresholds: dict[str, Any] = Field(description="The profile's gate config as applied, less eval_sources (edgeflow/profile/gate.py:GateConfig).")
     eval_prompts: int | None = Field(default=None, description="Held-out prompts scored; None in a report that records the verdict only.")
     eval_positions: int | None = Field(default=None, description="Token positions scored; None in a report that records the verdict only.")
     reference: GateReferenceInfo | None = Field(default=None, description="The FP reference scored against; None in a report that records the verdict only.")

@@ -2,7 +2,7 @@
 
 The consistency gate (edgeflow/evaluation/gate.py) compares each quantized variant with the full-precision *student*: it
 measures what quantization lost, not whether the student is any good. This gate measures the student itself, against
-the limits of `gate.student` (edgeflow/profile/config.py:StudentGateConfig):
+the limits of `gate.student` (edgeflow/profile/gate.py:StudentGateConfig):
 - against the teacher, on the held-out eval text, as the distill stage recorded it in the student's meta
   (edgeflow/distill/run.py:compare_to_teacher): top-1 agreement, mean KL(teacher ‖ student), perplexity ratio;
 - on its own answers: the share of the FP student's engine's answers to the demo prompts that are not degenerate
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgeflow.profile.config import StudentGateConfig
+from edgeflow.profile import StudentGateConfig
 from edgeflow.evaluation.answers import ok_share
 
 # measure -> (the StudentGateConfig field that limits it, "min" or "max", how the message names it, format)

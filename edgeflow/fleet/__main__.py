@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "show":
         print(json.dumps({"device": device.model_dump(mode="json"), "facts": inventory.detected_facts()}, indent=1))
         return 0
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
 
     record = inventory.register(load_profile(a.profile), device)
     print(f"registered {record.id} (pool {record.pool}, queue {record.queue}); serving: "

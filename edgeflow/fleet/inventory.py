@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from edgeflow.profile.config import Profile
+from edgeflow.profile import Profile
 from edgeflow.device.identity import DeviceConfig, device_profile
 
 VARIABLE_PREFIX = "edgeflow-device-"

@@ -2,7 +2,7 @@
 
     python -c "from edgeflow.fleet.rollout import plan_waves; print(plan_waves([WaveSpec(devices=1), WaveSpec(percent=100)], ['a', 'b', 'c']))"
 
-Waves are cumulative (edgeflow/profile/config.py RolloutConfig): after wave i, at least that many devices (or that
+Waves are cumulative (edgeflow/profile/rollout.py RolloutConfig): after wave i, at least that many devices (or that
 share of the targeted ones, rounded up) run the candidate. The state is one MLflow run of
 `edgeflow-rollouts` per rollout flow run, keyed by the Prefect flow run id, with state.json rewritten
 after every step: a Retry of the same flow run reads it and resumes at the wave it was in (a passed wave
@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from edgeflow.profile.config import RolloutConfig, WaveSpec
+from edgeflow.profile import RolloutConfig, WaveSpec
 
 
 class WaveState(BaseModel):

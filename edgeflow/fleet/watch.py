@@ -22,7 +22,7 @@ import math
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from edgeflow.profile.config import RolloutConfig
+from edgeflow.profile import RolloutConfig
 
 
 class WatchError(RuntimeError):

@@ -1,6 +1,6 @@
 """Teacher checkpoint: resolve it once into plain safetensors, cached by content hash.
 
-Tiny CPU run: python -c "from edgeflow.model.source import ensure_teacher; from edgeflow.profile.config import load_profile; print(ensure_teacher(load_profile('configs/demo-cpu.yaml')))"
+Tiny CPU run: python -c "from edgeflow.model.source import ensure_teacher; from edgeflow.preflight import load_profile; print(ensure_teacher(load_profile('configs/demo-cpu.yaml')))"
 
 A GGUF teacher is converted once per machine, not once per checkout: the converted directory is also kept in
 $EDGEFLOW_MODEL_CACHE (default ~/.cache/edgeflow/models, as pip keeps its wheels; "off" disables it) under a key
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 from edgeflow.tracking.artifacts import ArtifactRef, sha256_file, sha256_json, sha256_tree, write_manifest
 
-if TYPE_CHECKING:  # annotations only: edgeflow.profile.config asks this module for the teacher's config at profile load
-    from edgeflow.profile.config import Profile, TeacherConfig
+if TYPE_CHECKING:  # annotations only: the preflight (edgeflow/preflight.py) asks this module for the teacher's config
+    from edgeflow.profile import Profile, TeacherConfig
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

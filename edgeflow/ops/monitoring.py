@@ -30,8 +30,9 @@ from pathlib import Path
 
 import yaml
 
-from edgeflow.paths import REPO_ROOT
+from edgeflow.ops.alert_routes import MonitoringConfigError, check_routes  # noqa: F401 - the checks below raise it
 from edgeflow.ops.processes import answers
+from edgeflow.paths import REPO_ROOT
 
 PROM_DIR = REPO_ROOT / "infra" / "prometheus"
 AM_DIR = REPO_ROOT / "infra" / "alertmanager"
@@ -40,10 +41,6 @@ BLACKBOX = "prometheus-blackbox-exporter"
 # The ports the shipped configs name; `render` replaces them with the ones a stack really uses.
 SHIPPED = {"alertmanager": "127.0.0.1:9093", "blackbox": "127.0.0.1:9115", "sink": "127.0.0.1:9095",
            "server": "127.0.0.1:8000"}
-
-
-class MonitoringConfigError(ValueError):
-    """A Prometheus or Alertmanager config that its own tool refuses; the message names file, line and fix."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -82,48 +79,6 @@ def check_alertmanager(path: Path) -> None:
     else:
         fix = "correct the YAML there; `amtool check-config FILE` checks it without starting anything"
     raise MonitoringConfigError(f"{path}{f':{line}' if line else ''}: {why}; fix: {fix}")
-
-
-def check_routes(path: Path) -> None:
-    """Without amtool (the profile load): the file parses, its route tree has a receiver at the root, and every route
-    names a receiver that `receivers:` defines. MonitoringConfigError with the file, the line and the fix otherwise."""
-    try:
-        root = yaml.compose(path.read_text())
-    except OSError as e:
-        raise MonitoringConfigError(f"{path}: cannot read it ({e.strerror}); fix: give an existing Alertmanager config "
-                                    "(the shipped one is infra/alertmanager/alertmanager.yml)") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise MonitoringConfigError(f"{path}{line}: does not parse as YAML ({getattr(e, 'problem', e)}); fix: correct "
-                                    "the YAML there; `amtool check-config FILE` checks the whole file") from None
-
-    def get(node, key):
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                if k.value == key:
-                    return v
-        return None
-
-    receivers = get(root, "receivers")
-    names = {get(r, "name").value for r in (receivers.value if isinstance(receivers, yaml.SequenceNode) else [])
-             if get(r, "name") is not None}
-    route = get(root, "route")
-    if route is None or get(route, "receiver") is None:
-        line = route.start_mark.line + 1 if route is not None else 1
-        raise MonitoringConfigError(f"{path}:{line}: the root route names no receiver, so an alert matching no sub-route "
-                                    "would reach nobody; fix: give `route:` a `receiver:` from `receivers:`")
-    pending = [route]
-    while pending:
-        node = pending.pop()
-        receiver = get(node, "receiver")
-        if receiver is not None and receiver.value not in names:
-            raise MonitoringConfigError(
-                f"{path}:{receiver.start_mark.line + 1}: route receiver {receiver.value!r} is not one of receivers: "
-                f"{sorted(names)}; fix: name one of those, or add a receiver {receiver.value!r}")
-        routes = get(node, "routes")
-        if isinstance(routes, yaml.SequenceNode):
-            pending.extend(routes.value)
 
 
 def check_prometheus(path: Path) -> None:
@@ -558,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
                       "prometheus-blackbox-exporter", file=sys.stderr)
                 return 2
             if args.profile is not None:
-                from edgeflow.profile.config import load_profile
+                from edgeflow.preflight import load_profile
                 from edgeflow.device.deploy import read_state
 
                 current = read_state(load_profile(args.profile)).get("current") or {}

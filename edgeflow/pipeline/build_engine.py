@@ -8,7 +8,7 @@ from prefect import flow, task
 
 from edgeflow.pipeline.stages import Call, enter_stage
 from edgeflow.tracking.artifacts import ArtifactRef, sha256_json, write_manifest
-from edgeflow.profile.config import EngineConfig
+from edgeflow.profile import EngineConfig
 from edgeflow.tracking.runs import ReleaseContext, content_key, stage_run
 
 

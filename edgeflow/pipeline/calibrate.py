@@ -8,7 +8,7 @@ from prefect import flow, task
 
 from edgeflow.pipeline.stages import Call, StageCalls, enter_stage
 from edgeflow.tracking.artifacts import ArtifactRef, sha256_json
-from edgeflow.profile.config import CalibrationConfig
+from edgeflow.profile import CalibrationConfig
 from edgeflow.tracking.runs import ReleaseContext, content_key, stage_run
 
 

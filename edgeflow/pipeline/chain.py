@@ -26,10 +26,11 @@ def open_release(profile: str) -> ReleaseContext:
     profile once and publish every file it names to that run, so stages on other hosts read them from the store.
     Another release or nightly of the same model that is already running refuses this one first (edgeflow/pipeline/locks.py)."""
     from edgeflow.pipeline.locks import model_of, refuse_if_running
+    from edgeflow.preflight import load_profile
 
     refuse_if_running("release", ["release", "nightly-recalibration"], model_of({"profile": profile}), model_of,
                       flow_run.get_id())
-    return open_release_run(profile, flow_run.get_id())
+    return open_release_run(profile, load_profile(profile), flow_run.get_id())
 
 
 @task

@@ -14,7 +14,7 @@ from prefect import flow, task
 
 from edgeflow.pipeline.stages import Call, StageCalls, enter_stage
 from edgeflow.tracking.artifacts import ArtifactRef
-from edgeflow.profile.config import GateConfig
+from edgeflow.profile import GateConfig
 from edgeflow.tracking.runs import ReleaseContext, content_key, stage_run
 
 

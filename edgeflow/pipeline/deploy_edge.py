@@ -14,7 +14,7 @@ from pathlib import Path
 
 from prefect import flow, task
 
-from edgeflow.profile.config import Profile
+from edgeflow.profile import Profile
 from edgeflow.device.identity import load_device_profile  # the profile with this device's deploy settings (device.yaml)
 
 

@@ -8,7 +8,7 @@ from prefect import flow, task
 
 from edgeflow.pipeline.stages import Call, enter_stage
 from edgeflow.tracking.artifacts import ArtifactRef, sha256_json
-from edgeflow.profile.config import DistillConfig
+from edgeflow.profile import DistillConfig
 from edgeflow.model.source import ensure_teacher
 from edgeflow.tracking.runs import ReleaseContext, content_key, log_training_set, mlflow_step_logger, stage_run
 

@@ -86,14 +86,14 @@ DEFAULT_PROFILE = "configs/demo-cpu.yaml"  # the release, nightly and rollout fl
 
 def model_of(parameters: dict) -> str:
     """The registered model a release or nightly flow run works on, from its parameters."""
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
 
     return load_profile(parameters.get("profile", DEFAULT_PROFILE)).registry.model_name
 
 
 def pool_of(parameters: dict) -> str:
     """The device pool a rollout flow run switches, from its parameters."""
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
 
     return load_profile(parameters.get("profile", DEFAULT_PROFILE)).rollout.pool
 

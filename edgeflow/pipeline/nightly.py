@@ -20,7 +20,7 @@ from edgeflow.pipeline.chain import open_release, quantize_and_gate, run_deploy_
 from edgeflow.pipeline.register import register, stage_calls as register_calls
 from edgeflow.pipeline.stages import check_placement, run_stage
 from edgeflow.tracking.artifacts import ArtifactRef
-from edgeflow.profile.config import load_profile
+from edgeflow.preflight import load_profile
 from edgeflow.calibration.nightly import Traffic, beats, collect_traffic, derive_profile, parse_time
 from edgeflow.tracking.runs import tracking_uri
 
@@ -87,9 +87,10 @@ def base_student(profile: str) -> dict:
 @task
 def write_night_report(profile: str, report: dict) -> dict:
     """Save the night's report as reports/nightly-<stamp>.json and .md and log it to MLflow (edgeflow/tracking/report.py)."""
+    from edgeflow.preflight import load_profile
     from edgeflow.tracking.report import write_nightly_report
 
-    return write_nightly_report(profile, report)
+    return write_nightly_report(profile, load_profile(profile), report)
 
 
 @flow(name="nightly-recalibration", log_prints=True)

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from edgeflow.tracking.artifacts import ArtifactRef, sha256_tree
-from edgeflow.profile.config import STAGES, Profile, load_profile
+from edgeflow.preflight import load_profile
+from edgeflow.profile import STAGES, Profile
 from edgeflow.tracking.runs import ReleaseContext, cache_inputs
 
 

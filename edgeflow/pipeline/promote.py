@@ -12,7 +12,7 @@ from typing import Literal
 
 from prefect import flow, task
 
-from edgeflow.profile.config import load_profile
+from edgeflow.preflight import load_profile
 
 
 @task

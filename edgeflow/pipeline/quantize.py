@@ -11,7 +11,7 @@ from prefect import flow, task
 
 from edgeflow.pipeline.stages import Call, StageCalls, enter_stage, refreshed_if_missing
 from edgeflow.tracking.artifacts import ArtifactRef, sha256_json
-from edgeflow.profile.config import VariantConfig
+from edgeflow.profile import VariantConfig
 from edgeflow.tracking.runs import ReleaseContext, content_key, stage_run
 
 

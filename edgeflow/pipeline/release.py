@@ -19,7 +19,7 @@ from edgeflow.pipeline.distill import distill
 from edgeflow.pipeline.register import lineage_of, register, stage_calls as register_calls
 from edgeflow.pipeline.stages import check_placement, run_stage
 from edgeflow.tracking.artifacts import ArtifactRef
-from edgeflow.profile.config import load_profile
+from edgeflow.preflight import load_profile
 from edgeflow.tracking.runs import ReleaseContext
 
 # open_release, quantize_and_gate, run_deploy_on_pool and summarize_attempt are defined in edgeflow/pipeline/chain.py (shared with

@@ -20,7 +20,7 @@ import time
 
 from prefect import flow, task
 
-from edgeflow.profile.config import load_profile
+from edgeflow.preflight import load_profile
 
 
 class RolloutBreach(RuntimeError):

@@ -17,7 +17,7 @@ from prefect import flow, task
 @task
 def ship(profile: str) -> dict:
     """Ship this device's rotated segments and mark them; returns the ShipReport as a dict."""
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
     from edgeflow.device.identity import device_profile, load_device
     from edgeflow.device.logship import ship_segments
 

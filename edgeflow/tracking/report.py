@@ -17,6 +17,7 @@ from typing import Any
 from edgeflow.tracking.artifacts import ArtifactRef
 from edgeflow.paths import REPO_ROOT
 from edgeflow.evaluation.report import GateReport
+from edgeflow.profile import Profile
 
 # The markdown table's columns, in order.
 COLUMNS = ("name", "size_mb", "engine_precision", "decode_tok_s", "ttft_ms", "decode_tok_s_greedy", "top1_agreement",
@@ -60,6 +61,7 @@ def release_report(
     return {
         "release_id": ctx.release_id,
         "profile": ctx.profile,
+        "model": ctx.resolved().registry.model_name,
         "variants": [{k: getattr(r, k) for k in VARIANT_FIELDS} | {"engine_parity": round(r.metrics["engine_parity"], 4),
                                                                     "answers_ok": answers_ok(r.answers)}
                      for r in (gate.rows if gate else [])],
@@ -119,15 +121,13 @@ def write_release_report(
     return report
 
 
-def write_nightly_report(profile: str, report: dict) -> dict:
+def write_nightly_report(profile: str, p: Profile, report: dict) -> dict:
     """Save the night's report as reports/nightly-<profile name>-<stamp>.json and .md and log both, under `report/`,
     to a run of their own in the profile's experiment (tagged edgeflow.nightly = the status); returns the report."""
     from mlflow import MlflowClient
 
-    from edgeflow.profile.config import load_profile
     from edgeflow.tracking.runs import experiment_id, tracking_uri
 
-    p = load_profile(profile)
     out = REPORTS_DIR
     out.mkdir(exist_ok=True)
     stem = f"nightly-{p.name}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
@@ -331,11 +331,10 @@ def markdown(report: dict) -> str:
 
 def lineage_section(report: dict) -> str:
     """The staged version's lineage read back from MLflow (edgeflow/tracking/lineage.py), or why it could not be read."""
-    from edgeflow.profile.config import load_profile
     from edgeflow.tracking.lineage import lineage
     from edgeflow.tracking.registry import client
 
     try:
-        return lineage(client(), load_profile(report["profile"]).registry.model_name, report["staging_version"]).render_markdown()
+        return lineage(client(), report["model"], report["staging_version"]).render_markdown()
     except Exception as e:  # noqa: BLE001 - a report is written even when lineage cannot be traced; it says why instead
         return f"## Lineage\n\nversion {report['staging_version']} could not be traced: {type(e).__name__}: {e}\n"

@@ -16,12 +16,16 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from edgeflow.tracking.artifacts import ArtifactRef, sha256_json, sha256_tree
 from edgeflow.tracking.store import check_reachable, publish, tracking_uri  # one direction: the store never imports runs
+
+
+if TYPE_CHECKING:
+    from edgeflow.profile import Profile
 
 
 class ReleaseContext(BaseModel):
@@ -47,10 +51,10 @@ class ReleaseContext(BaseModel):
     code: str = Field(description="edgeflow version + source hash of the release's host (edgeflow/tracking/codeversion.py).")
 
     def resolved(self):
-        """The release's profile, validated again without looking for its files on this host."""
-        from edgeflow.profile.config import Profile
+        """The release's profile, validated again (values only: its files are read from the store, not this host)."""
+        from edgeflow.profile import Profile
 
-        return Profile.model_validate(self.settings, context={"resolved": True})
+        return Profile.model_validate(self.settings)
 
     def input(self, path: str) -> ArtifactRef:
         """The published reference of one file the profile names (by the path the profile gives)."""
@@ -59,7 +63,7 @@ class ReleaseContext(BaseModel):
         except KeyError:
             raise KeyError(
                 f"{path} is not among the files release {self.release_id} resolved from its profile ({sorted(self.inputs)}); "
-                "name it in the profile (edgeflow/profile/config.py:Profile.input_files lists what a release ships)"
+                "name it in the profile (edgeflow/profile/profile.py:Profile.input_files lists what a release ships)"
             ) from None
 
 
@@ -132,17 +136,16 @@ def find_experiment_id(client, name: str) -> str | None:
     return exp.experiment_id if exp else None
 
 
-def open_release_run(profile: str, flow_run_id: str | None) -> ReleaseContext:
-    """Create (or, on a retry of the same flow run, reuse) the MLflow parent run of a release, resolve the profile
-    once and publish every file it names to that run, so stages on other hosts read them from the store."""
+def open_release_run(profile: str, p: Profile, flow_run_id: str | None) -> ReleaseContext:
+    """Create (or, on a retry of the same flow run, reuse) the MLflow parent run of a release, for the profile read
+    from `profile` and preflighted once by the release (`p`), and publish every file it names to that run, so stages
+    on other hosts read them from the store."""
     from datetime import datetime, timezone
 
     from mlflow import MlflowClient
 
     from edgeflow.tracking.codeversion import code_identity
-    from edgeflow.profile.config import load_profile
 
-    p = load_profile(profile)
     check_reachable(tracking_uri())
     c = MlflowClient(tracking_uri())
     exp_id = experiment_id(c, p.registry.experiment, p.registry.artifact_location)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import edgeflow.pipeline.build_engine as stage
 from edgeflow.tracking.artifacts import ArtifactRef
 from edgeflow.tracking.codeversion import code_identity
-from edgeflow.profile.config import load_profile
+from edgeflow.preflight import load_profile
 from edgeflow.engines import cpu_native
 from edgeflow.tracking.runs import ReleaseContext, content_key
 

@@ -222,7 +222,7 @@ def _hosts(svc: dict, results: Path, servers_env: dict, saved: dict):
         _copy_checkout(h.checkout)
     # The A100 node is provisioned with the teacher (production: teacher.source local, /models/teacher); here it
     # gets the wheel's GGUF and its conversion in its own work directory, so it downloads nothing.
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
     from edgeflow.model.source import teacher_dir as converted
 
     src_profile = load_profile(REPO / "configs" / "test-tiny.yaml")
@@ -273,7 +273,7 @@ def test_a_release_across_three_hosts_runs_each_stage_on_its_pool_and_serves_fro
     import psutil
     from mlflow import MlflowClient
 
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
     from tests.flows.test_release_e2e import stage_flow_runs
 
     # the hosts cannot read each other's files, nor the servers'

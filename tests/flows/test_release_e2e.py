@@ -72,7 +72,7 @@ def services(tmp_path_factory, teacher_dir):
     # test-tiny's edge server left by an earlier release outside this fixture (`make demo`-style runs of test-tiny
     # serve from its work directory, not from this home): on the stable port it would answer before this module's
     # first deploy, and the page the first test expects for that port being down would never come
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
     from edgeflow.device.deploy import stop_device
 
     tiny = load_profile(REPO / "configs" / "test-tiny.yaml")
@@ -97,7 +97,7 @@ def services(tmp_path_factory, teacher_dir):
 
     with temporary_settings(updates={PREFECT_API_URL: svc["PREFECT_API_URL"]}):
         yield svc
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
     from edgeflow.device.deploy import stop_device
 
     stop_device(load_profile(REPO / "configs" / "test-tiny.yaml"))
@@ -151,7 +151,8 @@ def test_release_deployment_registers_stages_and_serves(services, tmp_path):
     from mlflow import MlflowClient
     from openai import OpenAI
 
-    from edgeflow.profile.config import STAGES, load_profile
+    from edgeflow.preflight import load_profile
+    from edgeflow.profile import STAGES
 
     profile = load_profile(REPO / "configs" / "test-tiny.yaml")
     fr = run_deployment("release/release", parameters={"profile": "configs/test-tiny.yaml", "deploy": "pool"}, timeout=1800)
@@ -377,7 +378,7 @@ def test_a_gemma3_release_from_a_few_layer_cut_serves_a_chat_answer_in_its_own_t
     import httpx
     from mlflow import MlflowClient
 
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
     from edgeflow.device.deploy import stop_device
 
     rel = "configs/test-gemma3.yaml"
@@ -431,7 +432,7 @@ def test_bad_rollouts_under_load_never_break_serving_and_good_ones_switch_withou
     import yaml
     from mlflow import MlflowClient
 
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
     from edgeflow.device.deploy import read_state
 
     profile = load_profile(REPO / "configs" / "test-tiny.yaml")
@@ -609,7 +610,7 @@ def test_gate_nobody_can_pass_keeps_aliases_recalibrates_and_reports(services, t
     import yaml
     from mlflow import MlflowClient
 
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
 
     data = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
     data["gate"].update(min_top1_agreement=1.0, max_mean_kl=0.0, recalibration_attempts=1)  # no int4 model can be exact
@@ -806,7 +807,7 @@ def test_nightly_recalibration_over_access_logs_registers_and_moves_staging(serv
     import pandas as pd
     from mlflow import MlflowClient
 
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
 
     profile = load_profile(REPO / "configs" / "test-tiny.yaml")
     name = profile.registry.model_name
@@ -879,7 +880,7 @@ def test_retry_in_the_prefect_ui_resumes_a_failed_release_without_recomputing(se
     from mlflow import MlflowClient
     from prefect.client.orchestration import get_client
 
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
     from edgeflow.device.deploy import side_port
     from tests.serving.test_chat_page import CHROMIUM, CHROMIUM_ARGS
 
@@ -955,7 +956,7 @@ def test_promotion_is_checked_and_rollback_serves_the_previous_version(services)
     import httpx
     from mlflow import MlflowClient
 
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
     from edgeflow.device.deploy import read_state
     from edgeflow.tracking.registry import register_version
 
@@ -1189,7 +1190,7 @@ def test_a_full_device_disk_fails_the_fetch_naming_the_bytes_and_the_serving_ver
     """deploy-edge's fetch on a disk that cannot hold the package: refused before downloading (too small), or cut
     off mid-download (the disk runs out of inodes after a few files): DiskFull names the path and the bytes needed,
     no partial file stays, and the version the device serves keeps answering."""
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
     from edgeflow.device.deploy import DiskFull, fetch_version
 
     disk = tmp_path / "disk"
@@ -1319,7 +1320,7 @@ def test_a_device_off_production_reconciles_to_it_and_waits_while_a_rollout_is_a
     from prefect.states import Cancelled, Running
 
     from edgeflow.pipeline.rollout import rollout
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
     from edgeflow.device.deploy import read_state
 
     profile = load_profile(REPO / "configs" / "test-tiny.yaml")

@@ -32,7 +32,7 @@ def _field_paths(model, prefix: str = "") -> list[str]:
 
 
 def test_the_profile_reference_lists_every_field_of_the_profile_with_its_description() -> None:
-    from edgeflow.profile.config import Profile
+    from edgeflow.profile import Profile
 
     page = (REPO / "docs" / "reference" / "profile.md").read_text()
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([^`]+)` \|.*\| ([^|]*) \|$", page, re.M)}
@@ -68,3 +68,18 @@ def test_readme_links_lead_to_files_that_exist() -> None:
     assert len(links) > 10
     assert [link for link in links if not link.startswith("http") and not (REPO / link).exists()] == []
     assert len(readme.splitlines()) <= 160, "README is the landing page: the rest belongs in docs/"
+
+
+def test_the_layout_docs_name_every_package_and_developers_md_every_file() -> None:
+    """docs/development/layout.md has a row for each package of edgeflow/, and DEVELOPERS.md names each of its files."""
+    layout = (REPO / "docs" / "development" / "layout.md").read_text()
+    developers = (REPO / "DEVELOPERS.md").read_text()
+    root = REPO / "edgeflow"
+    packages = [p for p in root.iterdir() if (p / "__init__.py").exists()] + list(root.glob("[!_]*.py"))
+    assert len(packages) > 10
+    unnamed = [p.name for p in packages if f"`edgeflow/{p.name}{'/' if p.is_dir() else ''}`" not in layout]
+    assert not unnamed, f"docs/development/layout.md has no row for {unnamed}"
+    files = [f for f in root.rglob("*") if f.suffix in (".py", ".c", ".html") and "__pycache__" not in f.parts
+             and f.name not in ("__init__.py", "__main__.py")]
+    missing = sorted(str(f.relative_to(REPO)) for f in files if f.name not in developers)
+    assert not missing, f"DEVELOPERS.md's layout does not name {missing}"

@@ -157,7 +157,7 @@ def make_release(mlflow_server, tiny_llama, calibration_rows, stage_results, mlf
     from edgeflow.pipeline.register import register_passing
     from edgeflow.pipeline.release import open_release
     from edgeflow.tracking.artifacts import ArtifactRef, sha256_tree
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
     from edgeflow.engines import get_backend
     from edgeflow.quantize.recipe import load_recipe
     from edgeflow.tracking.runs import content_key, log_training_set, stage_run

@@ -152,7 +152,7 @@ def _profile_with_teacher(tmp_path: Path, teacher: Path, backend: str) -> Path:
 
 
 def test_a_profile_whose_model_the_backend_cannot_run_fails_at_load(tmp_path: Path) -> None:
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
 
     teacher = tmp_path / "gemma3"
     teacher.mkdir()
@@ -238,6 +238,6 @@ def test_a_cut_that_leaves_the_embedding_most_of_the_model_says_so_and_what_save
     ({"keep_every_k": 15}, 30, 3), ({"keep_every_k": 2}, 18, 10), ({"drop_block": 4}, 18, 14),
     ({"keep_layers": [0, 5, 17]}, 18, 3), ({"student_from": "some/dir"}, 18, None)])
 def test_the_student_s_layers_are_known_from_the_distill_settings_before_any_model_loads(settings, teacher_layers, layers) -> None:
-    from edgeflow.profile.config import DistillConfig
+    from edgeflow.profile import DistillConfig
 
     assert DistillConfig(**settings).student_layers(teacher_layers) == layers

@@ -5,7 +5,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from edgeflow.calibration.mix import LeakageError, allocate, build_calibration_set, check_no_leakage, find_overlap
-from edgeflow.profile.config import CalibrationConfig
+from edgeflow.profile import CalibrationConfig
 
 
 def test_allocate_follows_ratios_exactly():

@@ -5,7 +5,7 @@ import yaml
 from pydantic import ValidationError
 
 from edgeflow.paths import REPO_ROOT
-from edgeflow.profile.config import load_profile
+from edgeflow.preflight import load_profile
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO_ROOT / "configs").glob("*.yaml")))
@@ -109,18 +109,22 @@ def test_placement_does_not_change_a_stage_cache_key():
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO_ROOT / "configs").glob("*.yaml")))
 def test_a_release_s_resolved_profile_is_the_same_profile_on_another_host(name, monkeypatch):
-    """ReleaseContext.settings validated again where the profile's files do not exist gives the same profile."""
-    from edgeflow.profile import config
+    """ReleaseContext.settings validated again where the profile's files do not exist gives the same profile: the
+    profile's models read no disk. The preflight, which does, refuses it there, naming the files."""
+    import edgeflow.profile.profile as schema
+    from edgeflow.preflight import preflight
+    from edgeflow.profile import Profile
 
     p = load_profile(REPO_ROOT / "configs" / name)
-    monkeypatch.setattr(config, "REPO_ROOT", Path("/nonexistent-checkout"))
-    assert config.Profile.model_validate(p.settings(), context={"resolved": True}) == p
+    monkeypatch.setattr(schema, "REPO_ROOT", Path("/nonexistent-checkout"))
+    again = Profile.model_validate(p.settings())
+    assert again == p
     with pytest.raises(ValidationError, match="files named by the profile do not exist"):
-        config.Profile.model_validate(p.settings())
+        preflight(again)
 
 
 def test_placement_names_every_stage_and_refuses_what_is_not_a_pool(tmp_path):
-    from edgeflow.profile.config import STAGES
+    from edgeflow.profile import STAGES
 
     p = load_profile(REPO_ROOT / "configs" / "production-a100-orin.yaml")
     assert set(p.placement.pooled()) == set(STAGES)  # production places every stage on a pool
@@ -136,7 +140,7 @@ def test_cache_keys_hold_what_a_stage_reads_not_where_its_files_lie():
     from types import SimpleNamespace
 
     from edgeflow.tracking.artifacts import ArtifactRef
-    from edgeflow.profile.config import DistillConfig, GateConfig, VariantConfig
+    from edgeflow.profile import DistillConfig, GateConfig, VariantConfig
     from edgeflow.tracking.runs import content_key
 
     ctx = SimpleNamespace(task=SimpleNamespace(name="quantize_variant"))

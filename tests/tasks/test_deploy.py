@@ -5,7 +5,7 @@ import pytest
 
 from edgeflow.serving.auth import KEY_ENV
 from edgeflow.paths import REPO_ROOT
-from edgeflow.profile.config import load_profile
+from edgeflow.preflight import load_profile
 from edgeflow.device.deploy import check_exposure, client_headers
 
 

@@ -19,7 +19,7 @@ import torch
 from pydantic import ValidationError
 
 from edgeflow.paths import REPO_ROOT
-from edgeflow.profile.config import DistillConfig
+from edgeflow.profile import DistillConfig
 from edgeflow.distill import (
     BatchOrder,
     TokenDataset,
@@ -563,7 +563,7 @@ def test_train_student_logs_each_term_per_step_to_mlflow(tiny_smol, mlflow_track
 
     from edgeflow.pipeline.distill import train_student
     from edgeflow.pipeline.release import open_release
-    from edgeflow.profile.config import load_profile
+    from edgeflow.preflight import load_profile
     from edgeflow.model.source import ensure_teacher
     from edgeflow.tracking.store import materialize
 

@@ -12,7 +12,7 @@ import torch
 from pydantic import ValidationError
 
 from edgeflow.paths import REPO_ROOT
-from edgeflow.profile.config import DistillConfig
+from edgeflow.profile import DistillConfig
 from edgeflow.distill import run_distill
 from edgeflow.distill.launch import distill_runner, launch_command, resolve_processes, run_distill_distributed, zero_config
 from edgeflow.tracking.runs import mlflow_step_logger

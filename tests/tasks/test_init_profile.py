@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from edgeflow.paths import REPO_ROOT
-from edgeflow.profile.config import load_profile
+from edgeflow.preflight import load_profile
 from edgeflow.cli.init_profile import InitRefused, write
 
 EDGEFLOW = Path(sys.executable).parent / "edgeflow"

@@ -59,8 +59,8 @@ def test_markdown_cli_and_report_section(release, capsys):
         assert f"`{hop.sha256}`" in md and f"`{hop.uri}`" in md
     assert main(["--model", MODEL, "--version", v]) == 0
     assert capsys.readouterr().out.strip() == md.strip()
-    assert lineage_section({"profile": str(release.profile_path), "staging_version": v}) == md
-    gone = lineage_section({"profile": str(release.profile_path), "staging_version": "99"})
+    assert lineage_section({"profile": str(release.profile_path), "model": MODEL, "staging_version": v}) == md
+    gone = lineage_section({"profile": str(release.profile_path), "model": MODEL, "staging_version": "99"})
     assert gone.startswith("## Lineage\n\nversion 99 could not be traced: LineageError: lineage-test has no version '99'")
     assert main(["--model", MODEL, "--version", "99"]) == 1
 

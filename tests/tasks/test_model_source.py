@@ -8,7 +8,7 @@ from pathlib import Path
 from edgeflow.model import source as ms
 from edgeflow.tracking.artifacts import sha256_file, verify_manifest
 from edgeflow.paths import REPO_ROOT
-from edgeflow.profile.config import load_profile
+from edgeflow.preflight import load_profile
 
 
 def _profile_with_gguf(work: Path):
@@ -85,7 +85,7 @@ def test_a_second_resolver_waits_for_the_one_converting(teacher_dir, tmp_path, m
     path.write_text(yaml.safe_dump(data))
     lock = profile.work / "models" / ".teacher.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
-    code = ("from edgeflow.profile.config import load_profile; from edgeflow.model.source import teacher_dir; "
+    code = ("from edgeflow.preflight import load_profile; from edgeflow.model.source import teacher_dir; "
             f"print(teacher_dir(load_profile({str(path)!r})))")
     with open(lock, "a") as held:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # "another process is converting"

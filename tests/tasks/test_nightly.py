@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from edgeflow.paths import REPO_ROOT
-from edgeflow.profile.config import load_profile
+from edgeflow.preflight import load_profile
 from edgeflow.calibration.nightly import beats, collect_traffic, derive_profile, parse_time
 
 LOGS = REPO_ROOT / "data" / "access_logs"

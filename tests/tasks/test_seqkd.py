@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from edgeflow.profile.config import DistillConfig, SequenceKDConfig
+from edgeflow.profile import DistillConfig, SequenceKDConfig
 from edgeflow.distill import prepare_dataset
 from edgeflow.distill.seqkd import answers_file, chat_prompts, shared_answers
 from edgeflow.calibration.textdata import read_records

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from edgeflow.tracking.artifacts import ChecksumError
-from edgeflow.profile.config import DistillConfig
+from edgeflow.profile import DistillConfig
 from edgeflow.distill import build_student, prepare_dataset, resolve_layer_map, train
 from edgeflow.distill.data import collate
 from edgeflow.distill.run import check_cache_budget

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from edgeflow.paths import REPO_ROOT
-from edgeflow.profile.config import load_profile
+from edgeflow.preflight import load_profile
 from edgeflow.device.deploy import point_proxy, wait_update_lock
 from tests.live_server import _free_port
 

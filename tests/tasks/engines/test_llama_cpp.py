@@ -286,7 +286,7 @@ def test_check_compatible_names_both_sides(lc_engines, tmp_path):
 
 def test_the_gate_runs_on_llama_cpp_engines(lc_checkpoints, lc_engines):
     """The consistency stage's own functions: the FP reference (with the fake-quantized pass), then run_gate."""
-    from edgeflow.profile.config import GateConfig
+    from edgeflow.profile import GateConfig
     from edgeflow.evaluation.gate import run_gate
     from edgeflow.evaluation.reference import compute_reference
 

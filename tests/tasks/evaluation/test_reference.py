@@ -81,7 +81,7 @@ def test_engine_side_against_the_stored_reference_equals_the_direct_comparison(t
     """The FP student's reference computed once (torch), then the engine side scoring a built engine against it
     with no model weights in reach: KL over the full vocabulary equals the direct KL of the two models' logits;
     a smaller top-k gives at most that, and reports the mass it left out."""
-    from edgeflow.profile.config import GateConfig
+    from edgeflow.profile import GateConfig
     from edgeflow.engines import get_backend
     from edgeflow.evaluation.gate import run_gate
     from edgeflow.evaluation.reference import HFScorer, compute_reference

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from edgeflow.profile.config import GateConfig, StudentGateConfig
+from edgeflow.profile import GateConfig, StudentGateConfig
 from edgeflow.evaluation.answers import repetition
 from edgeflow.evaluation.student_gate import check_student, rejection_message
 

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from edgeflow.paths import REPO_ROOT
-from edgeflow.profile.config import Profile
+from edgeflow.profile import Profile
 from edgeflow.device.identity import DEVICE_CONFIG_ENV
 from tests.live_server import _free_port
 

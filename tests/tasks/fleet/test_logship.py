@@ -11,7 +11,7 @@ import pytest
 from edgeflow.serving.access_log import AccessLog, segments
 from edgeflow.tracking.artifacts import ChecksumError
 from edgeflow.paths import REPO_ROOT
-from edgeflow.profile.config import load_profile
+from edgeflow.preflight import load_profile
 from edgeflow.device.identity import DeviceConfig
 from edgeflow.device.logship import (
     access_log_path, describe, device_run, fetch_segments, read_manifest, ship_segments, upload_segments,

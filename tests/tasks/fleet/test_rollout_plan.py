@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from edgeflow.profile.config import DeployConfig, RolloutConfig, WaveSpec, load_profile
+from edgeflow.preflight import load_profile
+from edgeflow.profile import DeployConfig, RolloutConfig, WaveSpec
 from edgeflow.device.identity import DeviceConfig, device_profile, load_device
 from edgeflow.fleet.inventory import DeviceRecord, Serving, prometheus_targets, select, table
 from edgeflow.device.probe import common_prefix_share

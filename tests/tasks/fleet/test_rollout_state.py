@@ -1,7 +1,7 @@
 """A rollout's state survives its process: persisted to MLflow after every step, found again by the flow run id."""
 from __future__ import annotations
 
-from edgeflow.profile.config import WaveSpec
+from edgeflow.profile import WaveSpec
 from edgeflow.fleet.rollout import RolloutState, WaveState, find_state, plan_waves, save_state, start_state
 
 
