@@ -82,7 +82,7 @@ demo: services
 # every test, the same ones, nothing lighter. Both write pytest's JUnit XML to $(TEST_RESULTS) and tests/conftest.py
 # writes the machine beside it: `make test-durations` prints seconds per file and per test from them.
 # --durations: the slowest tests in every run's log too.
-# Two pytest workers (pytest-xdist): the two end-to-end modules (tests/flows/test_release_e2e.py, test_multihost.py)
+# Two pytest workers (pytest-xdist): the two end-to-end modules (tests/pipeline/test_release_e2e.py, test_multihost.py)
 # wait much of their time on their servers, workers and stage processes (one release test alone kept the 2 cores
 # about 60 % busy), so they run side by side, each file whole on one worker (--dist loadfile: its services are
 # module fixtures), started first (tests/conftest.py orders them; --no-loadscope-reorder keeps that order), and the

@@ -144,7 +144,7 @@ def family_checkpoints(model_type: str, tokenizer_dir: Path, work: Path) -> dict
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from tests.families import rtn_int4
+    from tests.helpers.families import rtn_int4
 
     root = work / f"family-{model_type}"
     fp32 = root / "fp32"

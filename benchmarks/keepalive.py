@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -36,7 +36,7 @@ def main() -> None:
     async def ok(_request):
         return JSONResponse({"ok": True})
 
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/", ok, methods=["POST"])]), host="127.0.0.1",
                                            port=port, log_level="warning", timeout_keep_alive=a.server_s))
     threading.Thread(target=server.run, daemon=True).start()

@@ -10,7 +10,7 @@ held-out evaluation sequences (data/eval: chat, wiki, math; disjoint from the ca
   2. Calibration data: GPTQ and AWQ calibrated on the domain mix vs on the same number of samples
      from a single generic source (wiki only), scored per domain.
 Models are scored as their exactly dequantized weights (edgeflow.engines.checkpoint.load_dequantized): the same
-numbers the CPU engine runs (engine parity is tested in tests/tasks/engines). Writes a markdown
+numbers the CPU engine runs (engine parity is tested in tests/engines). Writes a markdown
 table to --out and the raw numbers to the same path with .json.
 """
 from __future__ import annotations

@@ -64,7 +64,7 @@ def _cpu() -> str:
     return f"{model} ({os.cpu_count()} CPUs, {', '.join(isa) or 'no AVX2'}), {platform.system()}/{platform.machine()}"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -221,7 +221,7 @@ def main() -> int:
     random.seed(a.seed)
     proc = None
     if a.engine:
-        port = _free_port()
+        port = free_port()
         log_dir = Path(tempfile.mkdtemp(prefix="soak-"))
         proc = subprocess.Popen(
             [sys.executable, "-m", "edgeflow.serving.server", "--engine", str(a.engine), "--host", "127.0.0.1", "--port", str(port),

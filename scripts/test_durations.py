@@ -37,7 +37,7 @@ def read_cases(xml: Path) -> tuple[dict, list[dict]]:
             if case.find(tag) is not None:
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
         classname = case.get("classname", "")
-        # pytest writes the module as a dotted classname (tests.flows.test_multihost[.Class])
+        # pytest writes the module as a dotted classname (tests.pipeline.test_multihost[.Class])
         parts = classname.split(".")
         while parts and not parts[-1].startswith("test_"):
             parts.pop()

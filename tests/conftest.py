@@ -9,6 +9,9 @@ import pytest
 from edgeflow.ops.allocator import tune
 from edgeflow.engines.cpu_host import apply_torch_threads
 
+# The tracking fixtures (a real MLflow server for the session, releases recorded in it as the stages record them).
+pytest_plugins = ["tests.helpers.tracking"]
+
 tune()  # as in every stage process (edgeflow/pipeline/__init__.py): before torch loads, so its THP setting takes effect
 apply_torch_threads()  # `make test` sets EDGEFLOW_TORCH_THREADS to the cores per pytest worker (Makefile)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -17,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 # The two end-to-end modules, first: `make test` runs two pytest workers, each taking whole files (--dist loadfile,
 # in this order: --no-loadscope-reorder), so these two start at once, one per worker, and the other files fill in
 # behind them. Each is one unit because its servers, workers and hosts are module fixtures its tests build on.
-RUN_FIRST = ("tests/flows/test_release_e2e.py", "tests/flows/test_multihost.py")
+RUN_FIRST = ("tests/pipeline/test_release_e2e.py", "tests/pipeline/test_multihost.py")
 
 
 def pytest_configure(config) -> None:

@@ -20,19 +20,19 @@ ENV = "EDGEFLOW_EXTENDED_SHARE"
 # test-seconds, over 1-2 of the two end-to-end files, and `.ci/run` stayed near 37 minutes (BENCHMARKS.md #ci-bytecode).
 ROTATION: dict[int, tuple[str, ...]] = {
     0: (
-        "tests/flows/test_release_e2e.py::test_retry_in_the_prefect_ui_resumes_a_failed_release_without_recomputing",
-        "tests/flows/test_release_e2e.py::test_promotion_is_checked_and_rollback_serves_the_previous_version",
+        "tests/pipeline/test_release_e2e.py::test_retry_in_the_prefect_ui_resumes_a_failed_release_without_recomputing",
+        "tests/pipeline/test_release_e2e.py::test_promotion_is_checked_and_rollback_serves_the_previous_version",
     ),
     1: (
-        "tests/flows/test_release_e2e.py::test_gate_nobody_can_pass_keeps_aliases_recalibrates_and_reports",
-        "tests/flows/test_release_e2e.py::test_calibration_overlapping_the_eval_set_fails_before_quantization",
-        "tests/flows/test_multihost.py::test_a_worker_with_other_code_refuses_the_stage_naming_both_versions",
+        "tests/pipeline/test_release_e2e.py::test_gate_nobody_can_pass_keeps_aliases_recalibrates_and_reports",
+        "tests/pipeline/test_release_e2e.py::test_calibration_overlapping_the_eval_set_fails_before_quantization",
+        "tests/pipeline/test_multihost.py::test_a_worker_with_other_code_refuses_the_stage_naming_both_versions",
     ),
     2: (
-        "tests/flows/test_release_e2e.py::test_an_unchanged_rerun_is_cached_and_an_edited_recipe_recomputes_exactly_what_reads_it",
-        "tests/flows/test_release_e2e.py::test_a_release_on_the_llama_cpp_engine_builds_gates_and_registers_gguf_variants",
-        "tests/flows/test_multihost.py::test_both_devices_ship_their_logs_and_the_nightly_counts_each_devices_lines",
-        "tests/flows/test_multihost.py::test_a_candidate_that_degrades_on_the_device_stops_at_the_canary_and_rolls_back",
+        "tests/pipeline/test_release_e2e.py::test_an_unchanged_rerun_is_cached_and_an_edited_recipe_recomputes_exactly_what_reads_it",
+        "tests/pipeline/test_release_e2e.py::test_a_release_on_the_llama_cpp_engine_builds_gates_and_registers_gguf_variants",
+        "tests/pipeline/test_multihost.py::test_both_devices_ship_their_logs_and_the_nightly_counts_each_devices_lines",
+        "tests/pipeline/test_multihost.py::test_a_candidate_that_degrades_on_the_device_stops_at_the_canary_and_rolls_back",
     ),
 }
 

@@ -163,3 +163,14 @@ def test_no_server_module_imports_the_app_that_imports_it():
 def test_the_artifact_store_does_not_import_the_runs_that_use_it():
     graph, _ = import_graph(REPO_ROOT / "edgeflow")
     assert graph["edgeflow.tracking.store"] and "edgeflow.tracking.runs" not in graph["edgeflow.tracking.store"]
+
+
+def test_no_test_file_imports_another():
+    """What tests share lives in tests/helpers/; a test file (or a helper, or code a test runs in a subprocess)
+    never imports a test module."""
+    import re
+
+    pattern = re.compile(r"(?:from|import)\s+(tests\.(?:[\w]+\.)*test_\w+)")
+    offenders = {f"{p.relative_to(REPO_ROOT)}: {m}" for p in (REPO_ROOT / "tests").rglob("*.py")
+                 for m in pattern.findall(p.read_text())}
+    assert not offenders, sorted(offenders)

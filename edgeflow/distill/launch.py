@@ -11,7 +11,7 @@ DistributedDataParallel (strategy ddp) or a DeepSpeed ZeRO-3 engine (strategy de
 distill.deepspeed_config). Rank 0 evaluates and saves the student, logs per-step metrics to MLflow when the caller
 logs to an MLflow run, and writes the result the caller returns.
 
-On a CPU the same code runs with gloo: tests/tasks/test_distill_distributed.py launches 2 processes.
+On a CPU the same code runs with gloo: tests/distill/test_distill_distributed.py launches 2 processes.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Distillation loss math, apart from the training loop (edgeflow/distill/train.py calls kd_sums, hidden_sums, StepSums and
-rank_share every step; tests/tasks/test_losses.py checks them on hand-computed tensors).
+rank_share every step; tests/distill/test_losses.py checks them on hand-computed tensors).
 
 total = α·KL(p_T ‖ p_S at temperature T)·T² + (1−α)·CE(student, labels) + β·MSE(proj(h_S), h_T) / mean(h_T²)
 

@@ -2,7 +2,7 @@
 
     python -c "from edgeflow.engines import get_backend; print(get_backend('cpu_native').build_identity())"
 
-Every backend module exports the same names with the same signatures (tests/tasks/engines/test_contract.py
+Every backend module exports the same names with the same signatures (tests/engines/test_contract.py
 compares each against `Backend`), so the server and the consistency gate never branch on hardware:
 
     Profile

@@ -11,7 +11,7 @@ With `--exec -- CMD...` a passing check replaces this process with CMD (the work
 container's main process is the command itself and receives its signals.
 
 `decide(target, fingerprint)` is pure: every branch is tested on made-up fingerprints
-(tests/tasks/test_envcheck.py). Gathering the fingerprint imports torch only where it is installed (its CUDA build
+(tests/ops/test_envcheck.py). Gathering the fingerprint imports torch only where it is installed (its CUDA build
 is part of the a100 decision), never a GPU runtime.
 """
 from __future__ import annotations

@@ -24,7 +24,7 @@ def _cpu_pin_memory_workaround() -> None:
     host-to-GPU copies during its grid search. On a CPU-only torch build `Tensor.pin_memory()` raises
     (no accelerator to pin for), so AWQ cannot run at all. Pinning only ever helps H2D copies, so on a
     machine without CUDA skipping it changes nothing but the crash. This is the only place that patches
-    llm-compressor; tests/tasks/test_quantize.py runs AWQ on the CPU and fails if it is removed.
+    llm-compressor; tests/quantize/test_quantize.py runs AWQ on the CPU and fails if it is removed.
     """
     if torch.cuda.is_available():
         return

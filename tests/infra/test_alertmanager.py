@@ -11,7 +11,7 @@ import yaml
 
 from edgeflow.ops import monitoring
 from edgeflow.ops.monitoring import AM_DIR, AlertSink, MonitoringConfigError, Ports, check_alertmanager
-from tests.live_server import _free_port
+from tests.helpers.ports import free_port
 
 needs_amtool = pytest.mark.skipif(shutil.which("amtool") is None, reason="amtool not installed (.ci/run installs it)")
 needs_stack = pytest.mark.skipif(bool(monitoring.missing_binaries()),
@@ -71,7 +71,7 @@ def test_a_down_device_inhibits_its_own_alerts_and_no_other_devices(tmp_path):
     """Live Alertmanager with the shipped routes (durations at 1/20): orin-01 is down and slow, orin-02 only slow.
     The sink gets the page for orin-01's outage and the warning for orin-02's latency, each on its own receiver,
     and nothing about orin-01's latency."""
-    ports = Ports(prometheus=_free_port(), alertmanager=_free_port(), blackbox=_free_port(), sink=_free_port())
+    ports = Ports(prometheus=free_port(), alertmanager=free_port(), blackbox=free_port(), sink=free_port())
     sink = AlertSink(ports.sink).start()
     try:
         with monitoring.stack(tmp_path, ["127.0.0.1:1"], ports, scale=1 / 20, scrape_s=1.0):

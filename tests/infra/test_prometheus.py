@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from edgeflow.paths import REPO_ROOT
-from tests.live_server import LiveServer, _free_port
+from tests.helpers.live_server import LiveServer
+from tests.helpers.ports import free_port
 
 PROM = REPO_ROOT / "infra" / "prometheus"
 PROMTOOL = shutil.which("promtool")
@@ -92,7 +93,7 @@ def test_prometheus_scrapes_the_server_and_probes_its_deep_health(engine_dir, tm
     headers = {"Authorization": f"Bearer {KEY}"} if auth else {}
     with LiveServer(engine_dir, model_name="tiny-edge", **settings) as server:
         try:
-            bb_port, prom_port = _free_port(), _free_port()
+            bb_port, prom_port = free_port(), free_port()
             key = tmp_path / "monitoring-key"
             key.write_text(KEY + "\n")
             blackbox = tmp_path / "blackbox.yml"

@@ -47,7 +47,7 @@ def _collected(share: str | None, *files: str) -> set[str]:
 
 
 def test_make_test_keeps_its_share_of_the_extended_tests_and_leaves_the_others_out():
-    files = ("tests/flows/test_release_e2e.py",)
+    files = ("tests/pipeline/test_release_e2e.py",)
     in_file = {t for t in _extended_tests() if t.startswith(files[0])}
     plain = _collected(None, *files)
     assert plain and not plain & in_file  # no share: every extended test left out, the others kept

@@ -133,7 +133,7 @@ def test_a_full_disk_loses_no_request_leaves_no_half_line_and_is_counted(engine_
     """The access-log disk fills mid-traffic: every request is still answered 200, the log holds only whole lines,
     the refused records are counted (edgeflow_access_log_dropped_records_total, the alert's input) and the log
     writes again once space is freed."""
-    from tests.live_server import LiveServer
+    from tests.helpers.live_server import LiveServer
 
     log = tiny_disk / "access.jsonl"
     body = {"model": "tiny-edge", "messages": [{"role": "user", "content": "x" * 2000}], "max_tokens": 2}

@@ -6,7 +6,7 @@ import json
 import httpx
 import pytest
 
-from tests.live_server import LiveServer
+from tests.helpers.live_server import LiveServer
 
 MODEL = "tiny-edge"
 SECRET = "Call me on +49 151 23456789 or at jo.doe@example.com; my card is 4111 1111 1111 1111."

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from edgeflow.serving.auth import KEY_ENV, load_keys
-from tests.live_server import LiveServer
+from tests.helpers.live_server import LiveServer
 
 MODEL = "tiny-edge"
 KEY = "test-key-0123456789abcdef"

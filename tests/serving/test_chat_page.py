@@ -7,12 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.live_server import LiveServer
+from tests.helpers.live_server import LiveServer
+from tests.helpers.browser import CHROMIUM, CHROMIUM_ARGS
 
-CHROMIUM = Path(os.environ.get("EDGEFLOW_CHROMIUM", "/usr/bin/chromium"))
-# Debian's chromium, driven by Playwright (never `playwright install`: no downloads at test time).
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
 MODEL = "tiny-edge"
 
 

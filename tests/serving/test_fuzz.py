@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from tests.live_server import LiveServer
+from tests.helpers.live_server import LiveServer
 
 MODEL = "fuzz-edge"
 KEY = "fuzz-key-0123456789abcdef"

@@ -10,13 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.live_server import _free_port
-from tests.serving.test_server import ERROR_CASES, MODEL, _chat
+from tests.helpers.ports import free_port
+from tests.helpers.server import ERROR_CASES, MODEL, chat_body
 
 
 @pytest.fixture(scope="module")
 def process_server(engine_dir, tmp_path_factory):
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("hostile") / "server.log"
     cmd = [sys.executable, "-m", "edgeflow.serving.server", "--engine", str(engine_dir), "--host", "127.0.0.1", "--port", str(port),
            "--model-name", MODEL, "--max-prompt-tokens", "200", "--max-tokens-limit", "256", "--max-context", "300",
@@ -62,11 +62,11 @@ def test_hostile_burst_gets_fast_errors_and_leaves_the_server_healthy(process_se
 
     def valid(i):
         t0 = time.monotonic()
-        status = post("/v1/chat/completions", _chat(f"Story number {i}.", max_tokens=24)).status_code
+        status = post("/v1/chat/completions", chat_body(f"Story number {i}.", max_tokens=24)).status_code
         return f"burst-{i}", None, status, time.monotonic() - t0
 
     def hang_up(i):
-        with client.stream("POST", f"{url}/v1/chat/completions", json=_chat(max_tokens=200, stream=True)) as r:
+        with client.stream("POST", f"{url}/v1/chat/completions", json=chat_body(max_tokens=200, stream=True)) as r:
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     break  # leave mid-stream

@@ -9,7 +9,8 @@ import time
 import httpx
 import pytest
 
-from tests.live_server import LiveServer, _free_port
+from tests.helpers.live_server import LiveServer
+from tests.helpers.ports import free_port
 
 MODEL = "tiny-edge"
 
@@ -21,7 +22,7 @@ class LiveProxy:
         from edgeflow.serving.proxy import create_app
         from edgeflow.serving.settings import uvicorn_config
 
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn_config(create_app(state, upstream), "127.0.0.1", self.port))  # as edgeflow.serving.proxy runs
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -95,7 +96,7 @@ def test_bad_switch_is_refused_and_a_dead_upstream_is_502(blue_green, tmp_path):
         refused = proxy.control(upstream="8001")
         assert refused["_status"] == 422 and "TCP port" in refused["error"]
         assert proxy.control()["upstream"] == blue_green[0].port
-        proxy.control(upstream=_free_port())  # nothing listens there
+        proxy.control(upstream=free_port())  # nothing listens there
         r = httpx.get(f"{proxy.url}/v1/models", timeout=5)
         assert r.status_code == 502 and "unreachable" in r.text
 

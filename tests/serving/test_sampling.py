@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.live_server import LiveServer
+from tests.helpers.live_server import LiveServer
 
 MODEL = "tiny-edge"
 MESSAGES = [{"role": "user", "content": "Write one sentence about the sea."}]

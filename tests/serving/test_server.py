@@ -14,10 +14,8 @@ import time
 import httpx
 import pytest
 
-from tests.live_server import LiveServer
-
-MODEL = "tiny-edge"
-
+from tests.helpers.live_server import LiveServer
+from tests.helpers.server import ERROR_CASES, MODEL, chat_body
 
 # ---------------------------------------------------------------------------------------------
 # Fixtures: live servers (the tiny engine is `engine_dir` in tests/conftest.py)
@@ -70,10 +68,6 @@ def _post(url: str, body, headers: dict[str, str] | None = None, **kw) -> httpx.
     r = httpx.post(url, content=content, headers={"content-type": "application/json", **(headers or {})}, timeout=30, **kw)
     assert not (r.status_code == 200 and not r.content), f"200 with an empty body from {url}"
     return r
-
-
-def _chat(content: str = "Say hello.", **kw) -> dict:
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], **kw}
 
 
 def _metrics(url: str) -> dict[str, float]:
@@ -181,7 +175,7 @@ def test_concurrent_requests_queue_and_all_succeed(server):
     results = []
 
     def one(i):
-        results.append(_post(f"{server.url}/v1/chat/completions", _chat(f"Count to {i}.", max_tokens=8)))
+        results.append(_post(f"{server.url}/v1/chat/completions", chat_body(f"Count to {i}.", max_tokens=8)))
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]  # 2 run, 2 queue
     for t in threads:
@@ -195,7 +189,7 @@ def test_concurrent_requests_queue_and_all_succeed(server):
 
 def test_metrics_histograms_count_requests(server):
     before = _metrics(server.url)
-    r = _post(f"{server.url}/v1/chat/completions", _chat(max_tokens=6))
+    r = _post(f"{server.url}/v1/chat/completions", chat_body(max_tokens=6))
     assert r.status_code == 200
     after = _metrics(server.url)
     key = "edgeflow_request_duration_seconds_count{endpoint=/v1/chat/completions}"
@@ -217,7 +211,7 @@ def test_metrics_histograms_count_requests(server):
 
 
 def test_access_log_line(server):
-    body = _chat("Name a colour.", max_tokens=5)
+    body = chat_body("Name a colour.", max_tokens=5)
     r = _post(f"{server.url}/v1/chat/completions", body)
     assert r.status_code == 200
     answer = r.json()
@@ -233,7 +227,7 @@ def test_access_log_line(server):
     assert rec["completion_tokens"] == answer["usage"]["completion_tokens"]
     assert rec["ttft_ms"] > 0 and rec["duration_ms"] >= rec["ttft_ms"]
     # Rejected requests are logged too, with their status.
-    _post(f"{server.url}/v1/chat/completions", _chat(max_tokens=10_000))
+    _post(f"{server.url}/v1/chat/completions", chat_body(max_tokens=10_000))
     last = json.loads(server.settings.access_log.read_text().splitlines()[-1])
     assert last["status"] == 400 and "max_tokens_limit" in last["error"]
 
@@ -262,7 +256,7 @@ def test_long_chats_keep_the_last_turns_and_condense_the_rest(server, engine_dir
 
 
 def test_feedback_lands_in_the_access_log_and_metrics(server):
-    answer = _post(f"{server.url}/v1/chat/completions", _chat("Name a fruit.", max_tokens=4)).json()
+    answer = _post(f"{server.url}/v1/chat/completions", chat_body("Name a fruit.", max_tokens=4)).json()
     before = _metrics(server.url).get("edgeflow_feedback_total{kind=slow}", 0)
     fb = {"feedback": "slow", "request_id": answer["id"], "conversation_id": "conv-1",
           "messages": [{"role": "user", "content": "Name a fruit."}], "response": answer["choices"][0]["message"]["content"],
@@ -327,37 +321,6 @@ def test_incremental_decoding_of_multibyte_text(engine_dir):
 # Errors: status, OpenAI shape, a message naming the limit, fast
 # ---------------------------------------------------------------------------------------------
 
-ERROR_CASES = [
-    # (id, endpoint, body, status, words the message must contain)
-    ("malformed-json", "chat", b'{"model": "tiny-edge", "messages": [', 400, ["JSON"]),
-    ("empty-body", "chat", b"", 400, ["empty"]),
-    ("body-too-large", "chat", _chat("x" * 70_000), 413, ["max_body_bytes=65536"]),
-    ("missing-messages", "chat", {"model": MODEL}, 422, ["messages"]),
-    ("missing-model", "chat", {"messages": [{"role": "user", "content": "hi"}]}, 422, ["model"]),
-    ("empty-messages", "chat", _chat() | {"messages": []}, 422, ["messages"]),
-    ("content-wrong-type", "chat", _chat() | {"messages": [{"role": "user", "content": 5}]}, 422, ["content"]),
-    ("max-tokens-string", "chat", _chat(max_tokens="5"), 422, ["max_tokens"]),
-    ("max-tokens-zero", "chat", _chat(max_tokens=0), 422, ["max_tokens", "greater than 0"]),
-    ("max-tokens-negative", "chat", _chat(max_tokens=-3), 422, ["max_tokens"]),
-    ("max-tokens-over-limit", "chat", _chat(max_tokens=257), 400, ["max_tokens=257", "max_tokens_limit=256"]),
-    ("prompt-too-long", "chat", _chat("hello " * 400), 400, ["max_prompt_tokens=200"]),
-    ("context-exceeded", "chat", _chat("hello " * 120, max_tokens=200), 400, ["max_context=300"]),
-    ("unknown-model", "chat", _chat() | {"model": "gpt-4"}, 404, ["gpt-4", MODEL]),
-    ("unsupported-field", "chat", _chat(logit_bias={"1": 5}), 422, ["logit_bias"]),
-    ("n-not-1", "chat", _chat(n=2), 400, ["n=2", "one choice per request", "'cpu'"]),
-    ("temperature-over-2", "chat", _chat(temperature=2.5), 422, ["temperature", "less than or equal to 2"]),
-    ("stop-too-many", "chat", _chat(stop=["a", "b", "c", "d", "e"]), 422, ["stop"]),
-    ("top-logprobs-alone", "chat", _chat(top_logprobs=3), 400, ["top_logprobs=3", "logprobs: true"]),
-    ("seed-not-int", "chat", _chat(seed="1"), 422, ["seed"]),
-    ("not-an-object", "chat", [1, 2], 422, ["body"]),
-    ("completion-too-long", "completions", {"model": MODEL, "prompt": "hello " * 400}, 400, ["max_prompt_tokens=200"]),
-    ("completion-over-limit", "completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1000}, 400,
-     ["max_tokens_limit=256"]),
-    ("completion-empty-prompt", "completions", {"model": MODEL, "prompt": ""}, 400, ["empty"]),
-    ("completion-missing-prompt", "completions", {"model": MODEL}, 422, ["prompt"]),
-]
-
-
 @pytest.mark.parametrize("case", ERROR_CASES, ids=[c[0] for c in ERROR_CASES])
 def test_error_cases(server, case):
     _, endpoint, body, status, words = case
@@ -403,7 +366,7 @@ def test_not_ready_before_engine_loads(engine_dir):
     assert client.get("/ready").status_code == 503
     r = client.get("/health")
     assert r.status_code == 503 and r.json()["reason"]
-    r = client.post("/v1/chat/completions", json=_chat(max_tokens=4))
+    r = client.post("/v1/chat/completions", json=chat_body(max_tokens=4))
     assert r.status_code == 503 and r.headers["retry-after"] and "not ready" in r.json()["error"]["message"]
 
 
@@ -413,7 +376,7 @@ def test_not_ready_before_engine_loads(engine_dir):
 
 
 def _open_stream(client: httpx.Client, url: str, max_tokens: int = 2000):
-    body = _chat("Tell me a very long story.", max_tokens=max_tokens, stream=True)
+    body = chat_body("Tell me a very long story.", max_tokens=max_tokens, stream=True)
     return client.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30)
 
 
@@ -429,7 +392,7 @@ def test_429_when_full_and_disconnect_frees_slot(tight):
                     break
         assert _metrics(tight.url)["edgeflow_requests_in_flight"] == 1
         t0 = time.monotonic()
-        r = _post(f"{tight.url}/v1/chat/completions", _chat(max_tokens=4))
+        r = _post(f"{tight.url}/v1/chat/completions", chat_body(max_tokens=4))
         assert time.monotonic() - t0 < 1.0
         assert r.status_code == 429, r.text
         assert r.headers.get("retry-after")
@@ -440,7 +403,7 @@ def test_429_when_full_and_disconnect_frees_slot(tight):
     _wait_gauge(tight.url, "edgeflow_requests_in_flight", 0, within=1.0)
     print(f"slot freed {time.monotonic() - t_close:.3f} s after the client left")
     assert time.monotonic() - t_close < 1.0
-    r = _post(f"{tight.url}/v1/chat/completions", _chat(max_tokens=4))
+    r = _post(f"{tight.url}/v1/chat/completions", chat_body(max_tokens=4))
     assert r.status_code == 200, r.text
     time.sleep(0.2)
     statuses = [json.loads(x)["status"] for x in tight.settings.access_log.read_text().splitlines()]
@@ -450,7 +413,7 @@ def test_429_when_full_and_disconnect_frees_slot(tight):
 def test_non_streaming_disconnect_frees_slot(tight):
     t0 = time.monotonic()
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{tight.url}/v1/chat/completions", json=_chat("Keep talking.", max_tokens=2000), timeout=0.5)
+        httpx.post(f"{tight.url}/v1/chat/completions", json=chat_body("Keep talking.", max_tokens=2000), timeout=0.5)
     # The server polls for the disconnect every 0.25 s; well before the 2 s deadline the slot is free.
     _wait_gauge(tight.url, "edgeflow_requests_in_flight", 0, within=1.0)
     assert time.monotonic() - t0 < 1.8
@@ -461,7 +424,7 @@ def test_non_streaming_disconnect_frees_slot(tight):
 
 def test_deadline_non_streaming_is_504(tight):
     t0 = time.monotonic()
-    r = _post(f"{tight.url}/v1/chat/completions", _chat("Go on forever.", max_tokens=2000))
+    r = _post(f"{tight.url}/v1/chat/completions", chat_body("Go on forever.", max_tokens=2000))
     took = time.monotonic() - t0
     assert r.status_code == 504, r.text[:300]
     assert "request_timeout_s=2.0" in r.json()["error"]["message"]

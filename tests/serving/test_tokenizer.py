@@ -29,7 +29,7 @@ def test_each_family_template_renders_as_transformers_does(model_type, tmp_path)
     """The server renders a family's own template (Llama 3 headers, Mistral [INST], ChatML, Gemma turns) and stops at
     its end token exactly as transformers does; a role the template refuses is a ValueError naming the role, which the
     chat endpoint returns as a 400."""
-    from tests.families import FAMILY_TOKENS, family_tokenizer
+    from tests.helpers.families import FAMILY_TOKENS, family_tokenizer
 
     d = family_tokenizer(model_type, tmp_path / model_type)
     hf, light = AutoTokenizer.from_pretrained(d), LightTokenizer(d)

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from edgeflow.serving.watchdog import EXIT_STALLED, Watchdog
-from tests.live_server import _free_port
+from tests.helpers.ports import free_port
 
 MODEL = "tiny-edge"
 
@@ -91,7 +91,7 @@ def _metric(url: str, name: str) -> float:
 
 
 def test_stalled_engine_ends_open_streams_with_an_error_and_the_supervisor_restarts_the_server(engine_dir, tmp_path):
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "server.log"
     cmd = [sys.executable, "-m", "edgeflow.serving.supervisor", "--backoff-s", "0.2", "--",
@@ -162,7 +162,7 @@ def test_supervisor_usage_errors(argv):
 
 def test_corrupt_tokens_chaos_changes_answers_while_requests_succeed(engine_dir):
     """fault_corrupt_every: the degraded-on-device case the rollout probe must catch (requests and /health still 200)."""
-    from tests.live_server import LiveServer
+    from tests.helpers.live_server import LiveServer
 
     body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
     answers = {}
@@ -179,7 +179,7 @@ def test_corrupt_tokens_chaos_changes_answers_while_requests_succeed(engine_dir)
 def test_supervisor_kills_and_restarts_a_server_that_stops_answering_and_leaves_a_loading_one_alone(tmp_path):
     """Liveness: a child that answered HTTP and then froze (SIGSTOP) is SIGKILLed and started again; before its first
     answer (loading) silence is not counted."""
-    port = _free_port()
+    port = free_port()
     runs, hits = tmp_path / "runs", tmp_path / "hits"
     child = (f"import os,sys,time,http.server; open({str(runs)!r},'a').write(os.environ['EDGEFLOW_SERVER_RESTARTS']+'\\n'); "
              "time.sleep(1.5)\n"  # loading: nothing listens yet, and the liveness checks must not count it
