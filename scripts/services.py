@@ -247,7 +247,7 @@ def up() -> None:
 
 def down() -> None:
     """Stop this script's processes (<EDGEFLOW_HOME>/run) and the edge servers every profile's deploys started there or
-    in a work directory inside it (edgeflow/device/deploy.py writes them under <workdir>/run: `PROFILE=configs/demo-gemma3.yaml
+    in a work directory inside it (edgeflow/device/spawn.py and proxy.py write them under <workdir>/run: `PROFILE=configs/demo-gemma3.yaml
     make demo` serves from .edgeflow/demo-gemma3/run, which `make down` must stop too)."""
     home = Path(settings()["home"])
     pidfiles = sorted({*home.glob("run/*.pid"), *home.glob("*/run/edge-*.pid")})

@@ -26,10 +26,9 @@ ORCHESTRATOR_OK = {"pipeline", "cli"}  # the packages that may import prefect
 # What is left to untangle, each named with why it is still here. The test fails when one is gone too (remove it
 # here), so the list only shrinks.
 KNOWN = {
-    # MLflow runs record the Prefect run they belong to, and the fleet inventory keeps its records in Prefect
-    # variables and the devices' deployments: both are to take what they need from the pipeline as arguments.
+    # The fleet inventory keeps its records in Prefect variables and registers the devices' own deployments: the
+    # control plane is to take a store for them from the pipeline.
     ("prefect", "edgeflow.fleet.inventory", ""),
-    ("prefect", "edgeflow.tracking.runs", ""),
 }
 
 

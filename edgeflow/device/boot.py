@@ -71,7 +71,7 @@ def forget_stale_pidfiles(profile: Profile) -> list[str]:
     After a reboot a recorded pid may belong to an unrelated process; start_server (and stop_device) signal a pid
     file's process group, so a pid file from before the boot must not survive it. Returns what was removed.
     """
-    from edgeflow.device.deploy import run_dir
+    from edgeflow.device.state import run_dir
     from edgeflow.ops.processes import alive, read_pid
 
     run = run_dir(profile)
@@ -98,7 +98,7 @@ def check_files(profile: Profile, current: dict) -> tuple[Path, Path]:
     """The current deployment's package (verified against its manifest) and engine (present, runs on this device);
     BootError(EXIT_PACKAGE) naming the version, the path and the fix otherwise."""
     from edgeflow.tracking.artifacts import ChecksumError, verify_manifest
-    from edgeflow.device.deploy import package_sha256
+    from edgeflow.device.fetch import package_sha256
     from edgeflow.engines import EngineIncompatibleError, get_backend
 
     version = current["version"]
@@ -127,7 +127,7 @@ def check_files(profile: Profile, current: dict) -> tuple[Path, Path]:
 
 def _wait_for_proxy(profile: Profile, seconds: float) -> None:
     """Give a proxy another supervisor starts (systemd's edgeflow-edge-proxy) up to `seconds` to answer."""
-    from edgeflow.device.deploy import control_url
+    from edgeflow.device.proxy import control_url
 
     deadline = time.time() + seconds
     while time.time() < deadline:
@@ -140,8 +140,11 @@ def _wait_for_proxy(profile: Profile, seconds: float) -> None:
 
 def boot(profile: Profile, wait_proxy_s: float = 0) -> str:
     """Serve state.json's current version again (module docstring); returns what was done, raises BootError."""
-    from edgeflow.device.deploy import (already_serving, client_headers, device_dir, ensure_proxy, point_proxy, public_url,
-                              read_state, run_dir, smoke_chat, start_server, wait_healthy, write_state)
+    from edgeflow.device.health import smoke_chat, wait_healthy
+    from edgeflow.device.keys import client_headers
+    from edgeflow.device.proxy import already_serving, ensure_proxy, point_proxy, public_url
+    from edgeflow.device.spawn import start_server
+    from edgeflow.device.state import device_dir, read_state, run_dir, write_state
     from edgeflow.ops.processes import stop_group
 
     try:
@@ -201,7 +204,7 @@ def interrupted_switch(profile: Profile, port: int) -> int | None:
     the proxy and did not live to write state.json. None when they agree (or the proxy never ran)."""
     import json
 
-    from edgeflow.device.deploy import device_dir
+    from edgeflow.device.state import device_dir
 
     try:
         upstream = json.loads((device_dir(profile) / "proxy.json").read_text()).get("upstream")

@@ -28,7 +28,7 @@ from edgeflow.serving.access_log import identity, mark_shipped, remove_shipped, 
 from edgeflow.calibration.access_logs import _lines, _parse_ts
 from edgeflow.tracking.artifacts import ArtifactRef, ChecksumError, sha256_file
 from edgeflow.profile import Profile
-from edgeflow.device.deploy import access_log_path  # the one owner of the device layout (re-exported for callers here)
+from edgeflow.device.state import access_log_path  # the one owner of the device layout (re-exported for callers here)
 from edgeflow.device.identity import DeviceConfig, device_profile
 
 EXPERIMENT = "edgeflow-access-logs"

@@ -72,7 +72,9 @@ def run_probe(profile: Profile, version: str, device: str | None = None) -> Prob
     from transformers import AutoTokenizer
 
     from edgeflow.tracking.artifacts import ArtifactRef
-    from edgeflow.device.deploy import client_headers, public_url, read_state
+    from edgeflow.device.keys import client_headers
+    from edgeflow.device.proxy import public_url
+    from edgeflow.device.state import read_state
     from edgeflow.evaluation.reference import load_reference
     from edgeflow.tracking.store import materialize
 

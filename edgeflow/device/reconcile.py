@@ -36,7 +36,7 @@ class ActiveRollout(BaseModel):
 
 def decide(target: Profile, rollouts: list[ActiveRollout]) -> Decision:
     """What this device should do to match the fleet (read-only), given the rollouts at work now."""
-    from edgeflow.device.deploy import read_state
+    from edgeflow.device.state import read_state
     from edgeflow.tracking.registry import alias_version, client
 
     serving = (read_state(target).get("current") or {}).get("version")

@@ -65,7 +65,9 @@ def detected_facts() -> dict[str, str]:
 
 def serving_status(profile: Profile) -> Serving:
     """What this device serves now: state.json's current version and a deep /health through the stable port."""
-    from edgeflow.device.deploy import client_headers, public_url, read_state
+    from edgeflow.device.keys import client_headers
+    from edgeflow.device.proxy import public_url
+    from edgeflow.device.state import read_state
 
     current = read_state(profile).get("current") or {}
     out = Serving(version=current.get("version"), model=profile.registry.model_name if current else None, checked_at=_now())

@@ -514,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             if args.profile is not None:
                 from edgeflow.preflight import load_profile
-                from edgeflow.device.deploy import read_state
+                from edgeflow.device.state import read_state
 
                 current = read_state(load_profile(args.profile)).get("current") or {}
                 if not current.get("engine"):

@@ -2,7 +2,7 @@
 
     python -m edgeflow.ops.processes stop .edgeflow/run/edge-proxy.pid      # SIGTERM the group, SIGKILL after 20 s
 
-Used by the edge deploy (edgeflow/device/deploy.py: proxy and edge servers) and by the local services
+Used by the edge deploy (edgeflow/device/spawn.py and proxy.py: edge servers and the proxy) and by the local services
 (scripts/services.py: Prefect and MLflow servers, workers). A spawned process runs in its own session, so
 it outlives the flow run or shell that started it, and stopping it signals its whole group (a supervisor
 and its server, a server and its uvicorn workers). Standard library only: scripts/services.py imports it

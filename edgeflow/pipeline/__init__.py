@@ -11,7 +11,8 @@
 - a nested flow run's heartbeat thread not waited for at its end (edgeflow/pipeline/heartbeats.py: an inline stage handed back
   up to 1 s late);
 - a long loop's progress (edgeflow/tracking/progress.py) reported as a Prefect progress artifact of its run
-  (edgeflow/pipeline/progress.py PrefectSink): the domain packages that report it never import Prefect.
+  (edgeflow/pipeline/progress.py PrefectSink): the domain packages that report it never import Prefect;
+- a stage's MLflow run tagged with its Prefect flow run and cache key (edgeflow/pipeline/stages.py run_origin).
 """
 import os
 
@@ -29,3 +30,8 @@ _install_heartbeats()
 from edgeflow.pipeline.progress import install as _install_progress  # noqa: E402
 
 _install_progress()  # a stage's long loops report as Prefect progress artifacts (edgeflow/tracking/progress.py)
+
+from edgeflow.pipeline.stages import run_origin as _run_origin  # noqa: E402
+from edgeflow.tracking.runs import install_origin as _install_origin  # noqa: E402
+
+_install_origin(_run_origin)  # a stage's MLflow run records its Prefect run and cache key (edgeflow/tracking/runs.py)

@@ -12,10 +12,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from edgeflow.paths import REPO_ROOT
+
 
 def enter_checkout() -> dict[str, str]:
     """chdir into this host's checkout; returns {"directory": it}, as Prefect's set_working_directory does."""
-    directory = Path(os.environ.get("EDGEFLOW_REPO") or Path(__file__).resolve().parents[1])
+    directory = Path(os.environ.get("EDGEFLOW_REPO") or REPO_ROOT)
     if not (directory / "prefect.yaml").is_file():
         raise FileNotFoundError(
             f"EDGEFLOW_REPO={directory} holds no prefect.yaml: point EDGEFLOW_REPO at this host's edgeflow checkout "

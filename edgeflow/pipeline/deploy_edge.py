@@ -21,7 +21,7 @@ from edgeflow.device.identity import load_device_profile  # the profile with thi
 @task
 def fetch(target: Profile, alias: str, version: str | None = None) -> tuple[str, str]:
     """Download the aliased (or the given) version into its own versioned directory and verify every sha256."""
-    from edgeflow.device.deploy import fetch_version
+    from edgeflow.device.fetch import fetch_version
 
     version, path = fetch_version(target, alias, version)
     return version, str(path)
@@ -30,7 +30,9 @@ def fetch(target: Profile, alias: str, version: str | None = None) -> tuple[str,
 @task
 def check_serving(target: Profile, version: str, package: str) -> dict | None:
     """Is this exact version already serving here, proxied and healthy? (then there is nothing to roll out)"""
-    from edgeflow.device.deploy import already_serving, client_headers, public_url, smoke_chat
+    from edgeflow.device.health import smoke_chat
+    from edgeflow.device.keys import client_headers
+    from edgeflow.device.proxy import already_serving, public_url
 
     serving = already_serving(target, version, Path(package))
     # still prove the stable port answers a chat, as a real rollout would
@@ -41,7 +43,7 @@ def check_serving(target: Profile, version: str, package: str) -> dict | None:
 @task
 def bind_engine(target: Profile, package: str) -> tuple[str, str]:
     """Check the shipped engine against this device, or build one here from the checkpoint."""
-    from edgeflow.device.deploy import engine_for_device
+    from edgeflow.device.bind import engine_for_device
 
     engine, how = engine_for_device(target, Path(package))
     print(how)
@@ -51,7 +53,7 @@ def bind_engine(target: Profile, package: str) -> tuple[str, str]:
 @task
 def start_candidate(target: Profile, engine: str, version: str, package: str) -> dict:
     """Start the new version on the free side port and health-gate it (deep /health + a smoke chat)."""
-    from edgeflow.device.deploy import start_candidate as start
+    from edgeflow.device.spawn import start_candidate as start
 
     return start(target, Path(engine), version, Path(package))
 
@@ -59,7 +61,8 @@ def start_candidate(target: Profile, engine: str, version: str, package: str) ->
 @task
 def switch_traffic(target: Profile, candidate: dict) -> dict:
     """Point the stable port at the candidate; the old server finishes its requests, then stops."""
-    from edgeflow.device.deploy import ensure_proxy, switch_to
+    from edgeflow.device.proxy import ensure_proxy
+    from edgeflow.device.switch import switch_to
 
     ensure_proxy(target)
     return switch_to(target, candidate)
@@ -69,7 +72,7 @@ def switch_traffic(target: Profile, candidate: dict) -> dict:
 def record(target: Profile, alias: str, outcome: dict, package: str | None = None) -> None:
     """Log the deployment (succeeded or failed, and why) as a run of the MLflow `edgeflow-deployments` experiment,
     tagged with the hash of the package it installed (`package`, once fetched)."""
-    from edgeflow.device.deploy import record_deployment
+    from edgeflow.device.record import record_deployment
 
     record_deployment(target, alias, outcome, Path(package) if package else None)
     refresh_inventory(target)
@@ -97,7 +100,8 @@ def deploy_edge(profile: str, alias: str = "staging", force: bool = False, versi
     one, untouched). `reason` is recorded with the deployment (a rollout names its wave, a rollback its breach)."""
     from prefect.runtime import flow_run
 
-    from edgeflow.device.deploy import check_exposure, public_url
+    from edgeflow.device.keys import check_exposure
+    from edgeflow.device.proxy import public_url
 
     target = load_device_profile(profile)  # once: the profile with this device's deploy settings, handed to each step
     outcome: dict = {"alias": alias, "prefect_flow_run_id": flow_run.get_id(), "reason": reason}
@@ -132,7 +136,8 @@ def deploy_edge(profile: str, alias: str = "staging", force: bool = False, versi
 def rollback_edge(profile: str) -> dict:
     """Serve the version this device ran before, by the same health-gated switch (no registry call needed)."""
     from edgeflow.tracking.artifacts import verify_manifest
-    from edgeflow.device.deploy import previous_deployment, public_url
+    from edgeflow.device.proxy import public_url
+    from edgeflow.device.state import previous_deployment
 
     target = load_device_profile(profile)
     prev = previous_deployment(target)

@@ -12,7 +12,7 @@ one is computed after it: its key depends on an artifact that does not exist yet
 
 The keys are the release's own: each stage builds its task calls with one function (edgeflow/pipeline/*.py: train_call,
 calibration_call, variant_calls, engine_calls, reference_call, gate_call, register_call) that the stage runs and the
-plan only keys (edgeflow/tracking/runs.py task_key: Prefect's binding of the call, then content_key). Nothing is computed,
+plan only keys (edgeflow/pipeline/stages.py task_key: Prefect's binding of the call, then content_key). Nothing is computed,
 published or started; the profile's files and a teacher already on this host are hashed, as a release hashes them.
 Only the first calibration attempt is planned (a gate nobody passes adds attempts at run time).
 

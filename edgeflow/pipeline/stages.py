@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from edgeflow.tracking.artifacts import ArtifactRef
 from edgeflow.tracking.codeversion import require_same_code
-from edgeflow.tracking.runs import ReleaseContext, task_key
+from edgeflow.tracking.runs import ReleaseContext, cache_inputs, content_key
 
 # Stage -> the deployment prefect.yaml defines for it ("<flow name>/<deployment name>").
 DEPLOYMENTS = {
@@ -245,3 +245,27 @@ class StageCalls:
 
     calls: list[Call]
     many: bool
+
+
+def task_key(task, *args, **kwargs) -> str:
+    """The key Prefect computes when `task(*args, **kwargs)` runs: its own binding of the call (defaults applied),
+    then content_key. `edgeflow plan` reads the result store under it."""
+    from types import SimpleNamespace
+
+    from prefect.utilities.callables import get_call_parameters
+
+    return content_key(SimpleNamespace(task=task), get_call_parameters(task.fn, args, kwargs))
+
+
+def run_origin() -> tuple[dict[str, str], dict | None]:
+    """What a stage's MLflow run records of its Prefect run (edgeflow/tracking/runs.py install_origin): the stage's flow
+    run id; inside a cached task, its cache key (tag edgeflow.cache_key) and what the key hashed (cache_inputs.json),
+    so `edgeflow plan` can say which input of a stage changed since this run."""
+    from prefect.context import TaskRunContext
+    from prefect.runtime import flow_run
+
+    tags = {"edgeflow.stage_flow_run_id": flow_run.get_id() or ""}
+    task_run = TaskRunContext.get()
+    if task_run is None or task_run.task.cache_key_fn is not content_key:
+        return tags, None
+    return tags | {"edgeflow.cache_key": content_key(task_run, task_run.parameters)}, cache_inputs(task_run.parameters)

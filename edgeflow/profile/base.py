@@ -1,6 +1,5 @@
 """The base of every profile model: unknown keys are refused (extra="forbid").
 """
-
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict

@@ -1,6 +1,5 @@
 """calibration: how the calibration set is drawn (domains, ratios, size, bounded recalibration).
 """
-
 from __future__ import annotations
 
 from typing import ClassVar

@@ -1,6 +1,5 @@
 """deploy: the edge deployment on a device (ports, keys, install directory, health).
 """
-
 from __future__ import annotations
 
 from pydantic import Field

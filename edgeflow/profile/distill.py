@@ -1,6 +1,5 @@
 """distill: the distillation stage, its teacher-output cache and sequence-level KD.
 """
-
 from __future__ import annotations
 
 from typing import ClassVar, Literal

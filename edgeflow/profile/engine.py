@@ -1,6 +1,5 @@
 """engine: the backend and its build profile (checked against the backend by the preflight, edgeflow/preflight.py).
 """
-
 from __future__ import annotations
 
 from pydantic import Field

@@ -1,6 +1,5 @@
 """gate: the consistency gate on the built engines, and the student gate before them.
 """
-
 from __future__ import annotations
 
 from typing import ClassVar

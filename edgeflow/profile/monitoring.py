@@ -1,6 +1,5 @@
 """monitoring: where the fleet's alerts go.
 """
-
 from __future__ import annotations
 
 from pydantic import Field

@@ -1,6 +1,5 @@
 """nightly: recalibration from the edge devices' access logs.
 """
-
 from __future__ import annotations
 
 from typing import Literal

@@ -1,6 +1,5 @@
 """placement: which work pool each release stage runs on, and the stages a release places.
 """
-
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator

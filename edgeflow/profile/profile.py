@@ -3,7 +3,6 @@
 Values only: what reads the disk (the files the profile names, the teacher, the alert routes, a family on its
 backend) is the preflight's (edgeflow/preflight.py), run once per entry point by `load_profile`.
 """
-
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,6 +1,5 @@
 """quantize: the variants (an llm-compressor recipe or a checkpoint quantized elsewhere) and the fallbacks.
 """
-
 from __future__ import annotations
 
 from typing import ClassVar

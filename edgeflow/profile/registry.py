@@ -1,6 +1,5 @@
 """registry: the MLflow registered model and the release experiment.
 """
-
 from __future__ import annotations
 
 from pydantic import Field

@@ -1,6 +1,5 @@
 """rollout: staged rollout over the device fleet (waves, the watch, the probe).
 """
-
 from __future__ import annotations
 
 from pydantic import Field, model_validator

@@ -1,6 +1,5 @@
 """teacher: where the teacher comes from (a GGUF inside PyPI wheels, a local directory, a hub id read offline).
 """
-
 from __future__ import annotations
 
 from pathlib import Path

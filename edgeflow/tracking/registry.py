@@ -11,7 +11,7 @@ from edgeflow.tracking.runs import tracking_uri
 
 # Version tag linking a registered version to the gate report that let it in (see gate_report_link).
 GATE_REPORT_TAG = "edgeflow.gate_report"
-# Version tag (set by the register stage) and deployment-run tag (set by edgeflow/device/deploy.py:record_deployment): the
+# Version tag (set by the register stage) and deployment-run tag (set by edgeflow/device/record.py:record_deployment): the
 # package's tree hash, as edgeflow/tracking/artifacts.py:write_manifest returns it.
 PACKAGE_SHA256_TAG = "edgeflow.package_sha256"
 

@@ -5,7 +5,7 @@
 One owner for what edgeflow records as MLflow runs: the experiments (created on first use, see experiment_id),
 a release's parent run (open_release_run, with the profile's files published to it), each stage's child run
 (stage_run), and the training-set tag. The deployment and promotion records live in their own experiments,
-named here (written by edgeflow/device/deploy.py and edgeflow/tracking/promotion.py); the reports' runs by edgeflow/tracking/report.py.
+named here (written by edgeflow/device/record.py and edgeflow/tracking/promotion.py); the reports' runs by edgeflow/tracking/report.py.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -104,19 +104,7 @@ def content_key(context, parameters: dict[str, Any]) -> str:
     return f"{context.task.name}-{CACHE_GENERATION}-{sha256_json(cache_inputs(parameters))[:32]}"
 
 
-def task_key(task, *args, **kwargs) -> str:
-    """The key Prefect computes when `task(*args, **kwargs)` runs: its own binding of the call (defaults applied),
-    then content_key. `edgeflow plan` reads the result store under it."""
-    from types import SimpleNamespace
-
-    from prefect.utilities.callables import get_call_parameters
-
-    return content_key(SimpleNamespace(task=task), get_call_parameters(task.fn, args, kwargs))
-
-
-
-
-# One run per deployment attempt (edgeflow/device/deploy.py:record_deployment), FINISHED or FAILED.
+# One run per deployment attempt (edgeflow/device/record.py:record_deployment), FINISHED or FAILED.
 DEPLOYMENTS_EXPERIMENT = "edgeflow-deployments"
 # One run per attempted alias move, refused ones included (edgeflow/tracking/promotion.py:record_move).
 PROMOTIONS_EXPERIMENT = "edgeflow-promotions"
@@ -182,6 +170,7 @@ def stage_run(ctx: ReleaseContext, stage: str, params: dict | None = None) -> It
     """A child MLflow run under the release's parent run; marked FAILED if the stage raises."""
     from mlflow import MlflowClient
 
+    origin_tags, keyed = _origin() if _origin is not None else ({}, None)
     client = MlflowClient(tracking_uri())
     parent = client.get_run(ctx.mlflow_parent_run_id)
     kill_orphans(client, parent.info.experiment_id, ctx.mlflow_parent_run_id, stage)
@@ -194,12 +183,14 @@ def stage_run(ctx: ReleaseContext, stage: str, params: dict | None = None) -> It
             "edgeflow.stage": stage,
             "edgeflow.profile": ctx.profile,
             **host_tags(),
+            **origin_tags,
         },
     )
     run_id = run.info.run_id
     for k, v in (params or {}).items():
         client.log_param(run_id, k, str(v)[:6000])
-    _record_cache_inputs(client, run_id)
+    if keyed is not None:
+        client.log_text(run_id, json.dumps(keyed, sort_keys=True, default=str), "cache_inputs.json")
     peak = _PeakRSS()
     t0 = time.perf_counter()
     try:
@@ -213,25 +204,23 @@ def stage_run(ctx: ReleaseContext, stage: str, params: dict | None = None) -> It
     client.set_terminated(run_id, "FINISHED")
 
 
-def _record_cache_inputs(client, run_id: str) -> None:
-    """Inside a cached task: its cache key (tag edgeflow.cache_key) and what the key hashed (cache_inputs.json), so
-    `edgeflow plan` can say which input of a stage changed since this run."""
-    from prefect.context import TaskRunContext
+# Where a stage run was started from, as the orchestrator knows it: () -> (tags, cache inputs or None). The pipeline
+# installs Prefect's (edgeflow/pipeline/stages.py run_origin: the stage's flow run id; inside a cached task, its
+# cache key and what the key hashed, so `edgeflow plan` can say which input of a stage changed since this run).
+_origin: Callable[[], tuple[dict[str, str], dict | None]] | None = None
 
-    task_run = TaskRunContext.get()
-    if task_run is None or task_run.task.cache_key_fn is not content_key:
-        return
-    client.set_tag(run_id, "edgeflow.cache_key", content_key(task_run, task_run.parameters))
-    client.log_text(run_id, json.dumps(cache_inputs(task_run.parameters), sort_keys=True, default=str), "cache_inputs.json")
+
+def install_origin(origin: Callable[[], tuple[dict[str, str], dict | None]] | None) -> None:
+    """Tag every later stage run with what `origin()` returns (edgeflow/pipeline/__init__.py installs Prefect's)."""
+    global _origin
+    _origin = origin
 
 
 def host_tags() -> dict[str, str]:
-    """Where a stage run ran: the host (user@hostname, as a multi-host operator reads it), this host's EDGEFLOW_HOME,
-    the edgeflow code, and the Prefect flow run (whose work pool and worker the Prefect UI shows)."""
+    """Where a stage run ran: the host (user@hostname, as a multi-host operator reads it), this host's EDGEFLOW_HOME
+    and the edgeflow code (stage_run adds the orchestrator's run, whose work pool and worker its UI shows)."""
     import getpass
     import socket
-
-    from prefect.runtime import flow_run
 
     from edgeflow.tracking.codeversion import code_identity
 
@@ -239,7 +228,6 @@ def host_tags() -> dict[str, str]:
         "edgeflow.host": f"{getpass.getuser()}@{socket.gethostname()}",
         "edgeflow.home": os.environ.get("EDGEFLOW_HOME", ""),
         "edgeflow.code": code_identity(),
-        "edgeflow.stage_flow_run_id": flow_run.get_id() or "",
     }
 
 

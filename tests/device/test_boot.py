@@ -140,7 +140,10 @@ def _boot(profile_path: Path) -> subprocess.CompletedProcess:
 def device(tmp_path, engine_dir, monkeypatch) -> Iterator[Device]:
     """Version 1 deployed on this host by the deploy's own steps: bound engine, candidate on a side port health-gated
     with a smoke chat, the proxy switched to it, state.json written."""
-    from edgeflow.device.deploy import engine_for_device, ensure_proxy, start_candidate, switch_to
+    from edgeflow.device.bind import engine_for_device
+    from edgeflow.device.proxy import ensure_proxy
+    from edgeflow.device.spawn import start_candidate
+    from edgeflow.device.switch import switch_to
     from edgeflow.device.identity import load_device_profile
 
     path = _write_profile(tmp_path, "edgeflow-boot-test")
@@ -233,7 +236,8 @@ def test_a_power_cut_between_the_switch_and_its_state_write_boots_the_recorded_v
     """Version 2 is started and health-gated, the proxy is switched to it (proxy.json says so), and every process dies
     before state.json is written. Boot serves version 1 again, the version state.json names (and the registry's
     deployment record, written after the state), points the proxy back at it and records the undone switch."""
-    from edgeflow.device.deploy import point_proxy, start_candidate
+    from edgeflow.device.proxy import point_proxy
+    from edgeflow.device.spawn import start_candidate
 
     before = device.state()["current"]
     engine = Path(before["engine"])

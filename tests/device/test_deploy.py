@@ -1,4 +1,4 @@
-"""deploy-edge's exposure rule (edgeflow/device/deploy.py): nothing but loopback is bound without an API key."""
+"""deploy-edge's exposure rule (edgeflow/device/keys.py): nothing but loopback is bound without an API key."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from edgeflow.serving.auth import KEY_ENV
 from edgeflow.paths import REPO_ROOT
 from edgeflow.preflight import load_profile
-from edgeflow.device.deploy import check_exposure, client_headers
+from edgeflow.device.keys import check_exposure, client_headers
 
 
 def _profile(**deploy):
@@ -55,7 +55,7 @@ def test_a_server_that_exits_fails_the_health_wait_at_once_not_at_the_timeout() 
     import sys
     import time
 
-    from edgeflow.device.deploy import wait_healthy
+    from edgeflow.device.health import wait_healthy
     from tests.helpers.ports import free_port
 
     proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
@@ -69,7 +69,7 @@ def test_a_server_that_exits_fails_the_health_wait_at_once_not_at_the_timeout() 
 def test_package_sha256_is_the_tree_hash_the_package_was_registered_with(tmp_path):
     """record_deployment tags this hash; it must equal what write_manifest returned to the register stage."""
     from edgeflow.tracking.artifacts import write_manifest
-    from edgeflow.device.deploy import package_sha256
+    from edgeflow.device.fetch import package_sha256
 
     (tmp_path / "engine").mkdir()
     (tmp_path / "engine" / "engine.json").write_text("{}")
@@ -84,7 +84,8 @@ def test_a_proxy_too_busy_to_answer_is_waited_for_and_never_replaced(tmp_path) -
     port and the log, without starting a second proxy (which could not bind and would leave a pid file of nobody)."""
     import socket
 
-    from edgeflow.device.deploy import ensure_proxy, run_dir
+    from edgeflow.device.proxy import ensure_proxy
+    from edgeflow.device.state import run_dir
     from tests.helpers.ports import free_port
 
     port = free_port()

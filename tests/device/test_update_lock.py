@@ -12,7 +12,8 @@ import pytest
 
 from edgeflow.paths import REPO_ROOT
 from edgeflow.preflight import load_profile
-from edgeflow.device.deploy import point_proxy, wait_update_lock
+from edgeflow.device.proxy import point_proxy
+from edgeflow.device.switch import wait_update_lock
 from tests.helpers.ports import free_port
 
 

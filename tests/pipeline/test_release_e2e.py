@@ -44,7 +44,7 @@ def services(tmp_path_factory, teacher_dir):
     # serve from its work directory, not from this home): on the stable port it would answer before this module's
     # first deploy, and the page the first test expects for that port being down would never come
     from edgeflow.preflight import load_profile
-    from edgeflow.device.deploy import stop_device
+    from edgeflow.device.spawn import stop_device
 
     tiny = load_profile(REPO / "configs" / "test-tiny.yaml")
     stop_device(tiny)
@@ -69,7 +69,7 @@ def services(tmp_path_factory, teacher_dir):
     with temporary_settings(updates={PREFECT_API_URL: svc["PREFECT_API_URL"]}):
         yield svc
     from edgeflow.preflight import load_profile
-    from edgeflow.device.deploy import stop_device
+    from edgeflow.device.spawn import stop_device
 
     stop_device(load_profile(REPO / "configs" / "test-tiny.yaml"))
     subprocess.run([sys.executable, "scripts/services.py", "down"], cwd=REPO, env=os.environ | env, check=False)
@@ -332,7 +332,7 @@ def test_a_gemma3_release_from_a_few_layer_cut_serves_a_chat_answer_in_its_own_t
     from mlflow import MlflowClient
 
     from edgeflow.preflight import load_profile
-    from edgeflow.device.deploy import stop_device
+    from edgeflow.device.spawn import stop_device
 
     rel = "configs/test-gemma3.yaml"
     profile = load_profile(REPO / rel)
@@ -386,7 +386,7 @@ def test_bad_rollouts_under_load_never_break_serving_and_good_ones_switch_withou
     from mlflow import MlflowClient
 
     from edgeflow.preflight import load_profile
-    from edgeflow.device.deploy import read_state
+    from edgeflow.device.state import read_state
 
     profile = load_profile(REPO / "configs" / "test-tiny.yaml")
     name = profile.registry.model_name
@@ -789,7 +789,7 @@ def test_retry_in_the_prefect_ui_resumes_a_failed_release_without_recomputing(se
     from prefect.client.orchestration import get_client
 
     from edgeflow.preflight import load_profile
-    from edgeflow.device.deploy import side_port
+    from edgeflow.device.state import side_port
     from tests.helpers.browser import CHROMIUM, CHROMIUM_ARGS
 
     if not CHROMIUM.exists() and not os.environ.get("EDGEFLOW_REQUIRE_BROWSER"):
@@ -865,7 +865,7 @@ def test_promotion_is_checked_and_rollback_serves_the_previous_version(services)
     from mlflow import MlflowClient
 
     from edgeflow.preflight import load_profile
-    from edgeflow.device.deploy import read_state
+    from edgeflow.device.state import read_state
     from edgeflow.tracking.registry import register_version
 
     profile = load_profile(REPO / "configs" / "test-tiny.yaml")
@@ -1099,7 +1099,7 @@ def test_a_full_device_disk_fails_the_fetch_naming_the_bytes_and_the_serving_ver
     off mid-download (the disk runs out of inodes after a few files): DiskFull names the path and the bytes needed,
     no partial file stays, and the version the device serves keeps answering."""
     from edgeflow.preflight import load_profile
-    from edgeflow.device.deploy import DiskFull, fetch_version
+    from edgeflow.device.fetch import DiskFull, fetch_version
 
     disk = tmp_path / "disk"
     disk.mkdir()
@@ -1229,7 +1229,7 @@ def test_a_device_off_production_reconciles_to_it_and_waits_while_a_rollout_is_a
 
     from edgeflow.pipeline.rollout import rollout
     from edgeflow.preflight import load_profile
-    from edgeflow.device.deploy import read_state
+    from edgeflow.device.state import read_state
 
     profile = load_profile(REPO / "configs" / "test-tiny.yaml")
     name = profile.registry.model_name

@@ -491,7 +491,7 @@ def test_cli_refuses_a_non_engine_dir(tmp_path, capsys):
 def test_deploy_smoke_chat_needs_a_finished_stream_with_tokens(server):
     """deploy-edge's smoke check: a complete stream with generated tokens passes whatever the text; a model
     name the server does not serve (an error answer) fails."""
-    from edgeflow.device.deploy import smoke_chat
+    from edgeflow.device.health import smoke_chat
 
     answer = smoke_chat(server.url, MODEL, "Say hello.", max_tokens=4)
     assert isinstance(answer, str)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgeflow.device.deploy import record_deployment
+from edgeflow.device.record import record_deployment
 from edgeflow.tracking.promotion import PROMOTIONS_EXPERIMENT, PromotionRefused, promote, rollback
 from edgeflow.tracking.registry import GATE_REPORT_TAG, alias_version, client, gate_report_link, register_version
 

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from edgeflow.model.architecture import require
 from edgeflow.engines.checkpoint import InexactWeights, checkpoint_algorithm, int4_group_scheme, read_config, weight_schemes
+from edgeflow.paths import REPO_ROOT
 
 BACKEND = "edge_llm"
 
@@ -41,7 +42,7 @@ BACKEND = "edge_llm"
 # split, in-process LLMRuntime serving); check_compatible refuses engines of another generation.
 API_GENERATION = 1
 
-PROFILES_DIR = Path(__file__).resolve().parents[3] / "deployments" / "engine-profiles"
+PROFILES_DIR = REPO_ROOT / "deployments" / "engine-profiles"
 
 # Where the Edge-LLM source tree and its CMake build live on the Orin (llm_build and the pybind module are
 # build outputs, not pip-installed). /opt/TensorRT-Edge-LLM is this project's convention, not upstream's.

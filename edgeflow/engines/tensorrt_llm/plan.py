@@ -24,12 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from edgeflow.model.architecture import backends_for, describe, require
 from edgeflow.engines.checkpoint import checkpoint_algorithm, read_config, weight_schemes
+from edgeflow.paths import REPO_ROOT
 
 BACKEND = "tensorrt_llm"
 
 SCORE_SUBDIR = "score"
 
-PROFILES_DIR = Path(__file__).resolve().parents[3] / "deployments" / "engine-profiles"
+PROFILES_DIR = REPO_ROOT / "deployments" / "engine-profiles"
 
 # Where the TensorRT-LLM source checkout lives on the build host: convert_checkpoint.py ships with
 # the examples, not in the wheel. /opt/TensorRT-LLM is where NVIDIA's jetson-containers image puts it.
