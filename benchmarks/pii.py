@@ -1,4 +1,4 @@
-"""PII scrubbing: recall on planted secrets, false positives, and time per request (edgeflow/pii.py).
+"""PII scrubbing: recall on planted secrets, false positives, and time per request (edgeflow/pii/).
 
     python benchmarks/pii.py [--fixture data/pii/planted.jsonl] [--requests 300] [--json OUT.json]
 

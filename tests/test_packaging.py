@@ -104,6 +104,6 @@ def test_the_wheel_installs_only_the_edgeflow_package_and_its_command(tmp_path) 
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"edgeflow", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1]
                                                 + ".dist-info"}
-    assert {"edgeflow/serving/chat.html", "edgeflow/engines/native/q4.c", "edgeflow/cli/main.py"} <= set(names)
+    assert {"edgeflow/serving/chat.html", "edgeflow/engines/cpu_native/native/q4.c", "edgeflow/cli/main.py"} <= set(names)
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "edgeflow = edgeflow.cli.main:main" in entry_points

@@ -1,4 +1,4 @@
-"""Tests of the native CPU engine backend (edgeflow/engines/cpu_native.py, edgeflow/engines/native/q4.c).
+"""Tests of the native CPU engine backend (edgeflow/engines/cpu_native/, its kernels in native/q4.c).
 
 Tiny random Llama decoders built in-test (2 layers, hidden 256, 4 heads of 64, 2 KV heads, vocab 998 so
 the int8 head needs padding), RTN int4 g64 checkpoints of them made with llm-compressor (asymmetric and
@@ -415,7 +415,7 @@ def test_engine_error_reaches_every_live_stream_and_the_engine_recovers(engines,
             raise RuntimeError("head exploded")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(cpu_native, "head_argmax", failing)
+    monkeypatch.setattr(cpu_native.scheduler, "head_argmax", failing)  # where the scheduler calls it
     with pytest.raises(RuntimeError, match="head exploded"):
         list(cpu_native.generate(session, ids, 6, []))
     assert list(cpu_native.generate(session, ids, 6, [])) == want
@@ -463,7 +463,7 @@ def test_check_compatible_names_both_sides(engines, tmp_path: Path, monkeypatch)
     with pytest.raises(EngineIncompatibleError, match="'cpu' but this device runs backend 'cpu_native'"):
         cpu_native.check_compatible(eng)
 
-    monkeypatch.setattr(cpu_native, "_cpu_flags", lambda: {"sse4_2", "avx"})
+    monkeypatch.setattr(cpu_native.runtime, "_cpu_flags", lambda: {"sse4_2", "avx"})
     with pytest.raises(EngineIncompatibleError, match=r"lacks \['avx2', 'fma', 'f16c'\].*engine.backend: cpu"):
         cpu_native.check_compatible(engines["asym"])
 
@@ -596,7 +596,7 @@ def test_a_dropped_session_stops_its_threads(engines, monkeypatch) -> None:
     import gc
 
     monkeypatch.setenv(cpu_host.THREADS_ENV, "3")
-    monkeypatch.setattr(cpu_native, "IDLE_EXIT_S", 0.2)
+    monkeypatch.setattr(cpu_native.scheduler, "IDLE_EXIT_S", 0.2)
     gc.collect()
     before = _team_threads()
     session = cpu_native.load(engines["asym"])
@@ -671,7 +671,7 @@ def test_idle_scheduler_lets_the_session_go(engines, monkeypatch) -> None:
     import weakref
 
     # Long enough that the thread is still there when read right after the first token, even on a busy box.
-    monkeypatch.setattr(cpu_native, "IDLE_EXIT_S", 0.5)
+    monkeypatch.setattr(cpu_native.scheduler, "IDLE_EXIT_S", 0.5)
     session = cpu_native.load(engines["asym"])
     ids = _prompts()[0]
 

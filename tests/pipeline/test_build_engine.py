@@ -41,9 +41,9 @@ def test_a_new_kernel_or_format_changes_the_cache_key(monkeypatch) -> None:
     before = cpu_native.build_identity()
     key = content_key(task_ctx, {**params, "builder": before})
     assert content_key(task_ctx, {**params, "builder": before, "ctx": _ctx().model_copy(update={"release_id": "r2"})}) == key
-    monkeypatch.setattr(cpu_native, "kernel_sha256", lambda: "f" * 64)
+    monkeypatch.setattr(cpu_native.builder, "kernel_sha256", lambda: "f" * 64)
     assert cpu_native.build_identity() != before
     assert content_key(task_ctx, {**params, "builder": cpu_native.build_identity()}) != key
     monkeypatch.undo()
-    monkeypatch.setattr(cpu_native, "FORMAT_VERSION", cpu_native.FORMAT_VERSION + 1)
+    monkeypatch.setattr(cpu_native.builder, "FORMAT_VERSION", cpu_native.FORMAT_VERSION + 1)
     assert cpu_native.build_identity() != before

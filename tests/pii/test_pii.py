@@ -11,6 +11,7 @@ from stdnum import iban, luhn
 
 import edgeflow.calibration.access_logs
 import edgeflow.pii as pii
+from edgeflow.pii import api, detectors, labels, phones
 from edgeflow.paths import REPO_ROOT
 from edgeflow.pii import COVERED_REGIONS, DETECTORS, KINDS, PLACEHOLDERS, Scrubber, find, scrub, scrub_value
 from tools import make_planted
@@ -19,7 +20,7 @@ FIXTURE = REPO_ROOT / "data" / "pii" / "planted.jsonl"
 RECORDS = [json.loads(line) for line in FIXTURE.read_text(encoding="utf-8").splitlines()]
 PLANTED = [r for r in RECORDS if not r["decoy"]]
 DECOYS = [r for r in RECORDS if r["decoy"]]
-# Bare IDs of kinds replaced only next to a word naming them (one check digit on bare digits: see edgeflow/pii.py);
+# Bare IDs of kinds replaced only next to a word naming them (one check digit on bare digits: see edgeflow/pii/);
 # the fixture plants two of them without such a word, on purpose.
 LABEL_ONLY_WHEN_BARE = {"ssn", "de_idnr", "se_personnummer", "kr_rrn", "in_aadhaar", "nl_bsn", "pl_pesel", "gb_nhs",
                         "jp_my_number"}
@@ -151,8 +152,8 @@ def test_national_ids_by_region(text, kind):
 
 
 def test_taiwan_checksum_known_answers():
-    assert pii._tw_id_ok("A123456789") and pii._tw_id_ok("F131104093")
-    assert not pii._tw_id_ok("A123456788") and not pii._tw_id_ok("A323456789")
+    assert detectors._tw_id_ok("A123456789") and detectors._tw_id_ok("F131104093")
+    assert not detectors._tw_id_ok("A123456788") and not detectors._tw_id_ok("A323456789")
 
 
 # --- precision ------------------------------------------------------------------------------------------
@@ -183,14 +184,14 @@ def test_one_changed_digit_named_as_an_id_is_still_replaced_and_unnamed_it_is_no
     rng = random.Random(seed)
     value = MAKE.gen_id(kind, rng, variant)
     det = next(d for d in DETECTORS if d.kind == kind)
-    compact = value.translate(pii._strip_table(det.strip))
+    compact = value.translate(labels._strip_table(det.strip))
     assert det.validate(compact.upper()), value
     text = f"{_WORDS[kind]} {value}"
     assert find(text) and find(text)[0].kind == kind
     digits = [i for i, c in enumerate(value) if c.isdigit()]
     i = rng.choice(digits)
     wrong = value[:i] + str((int(value[i]) + rng.randint(1, 9)) % 10) + value[i + 1:]
-    wrong_compact = wrong.translate(pii._strip_table(det.strip))
+    wrong_compact = wrong.translate(labels._strip_table(det.strip))
     if det.validate(wrong_compact.upper()):
         return  # a few changes keep a weak checksum valid (e.g. a Luhn digit swap); nothing to reject
     out, counts = scrub(f"{_WORDS[kind]} {wrong}")
@@ -211,7 +212,7 @@ def test_a_validator_that_raises_counts_as_a_hit():
     lacks; such a number is scrubbed, not passed through."""
     value = MAKE.gen_ric_missing_region(random.Random(7))
     with pytest.raises(KeyError):
-        pii._cn_ric.is_valid(value)
+        detectors._cn_ric.is_valid(value)
     for text in (f"我的身份证号是{value}", f"身份证：{value}，请帮我填表。", f"{value}"):
         out, counts = scrub(text)
         assert value not in out and "[NATIONAL_ID]" in out and counts == {"cn_ric": 1}, (text, out, counts)
@@ -269,12 +270,12 @@ _WINDOW_CHARS = st.text(alphabet="0123456789 -.()/+", min_size=7, max_size=22)
 @given(window=_WINDOW_CHARS)
 def test_region_pruning_only_skips_regions_that_find_nothing(window):
     text = f"call {window} now"
-    for w in pii._PHONE_WINDOW.finditer(text):
-        groups = [(g.start(), g.end()) for g in pii._DIGIT_GROUP.finditer(w.group(0))]
-        spans = pii._group_spans(w.group(0), groups) | {"".join(w.group(0)[s:e] for s, e in groups)}
-        lo = max(0, w.start() - pii._PHONE_CTX)
-        sub = text[lo:w.end() + pii._PHONE_CTX]
-        for rule in pii._DEFAULT._rules:
+    for w in phones._PHONE_WINDOW.finditer(text):
+        groups = [(g.start(), g.end()) for g in phones._DIGIT_GROUP.finditer(w.group(0))]
+        spans = labels._group_spans(w.group(0), groups) | {"".join(w.group(0)[s:e] for s, e in groups)}
+        lo = max(0, w.start() - phones._PHONE_CTX)
+        sub = text[lo:w.end() + phones._PHONE_CTX]
+        for rule in api._DEFAULT._rules:
             if any(rule.may_match(d) for d in spans):
                 continue
             found = [m.raw_string for m in PhoneNumberMatcher(sub, rule.region, leniency=Leniency.VALID)

@@ -1,7 +1,7 @@
 // edgeflow cpu_native kernels: an int4 Llama decoder step for AVX2 + FMA CPUs (exact int4 weights,
 // int16 activations).
 //
-// Compiled by edgeflow/engines/cpu_native.py with `cc -O3 -mavx2 -mfma -mf16c -pthread -shared -fPIC` and
+// Compiled by edgeflow/engines/cpu_native/kernels.py with `cc -O3 -mavx2 -mfma -mf16c -pthread -shared -fPIC` and
 // called through ctypes (which releases the GIL). No global state: every function works only on the
 // buffers it is given and on the thread team it is handed (0. below), so concurrent calls with separate KV
 // caches and scratch buffers are safe (a team runs one parallel region at a time; callers queue for it).
