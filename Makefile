@@ -23,7 +23,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 endif
 
 # torch pinned, with the rest, by uv: the demo's install took 9 s this way and 41 s with pip installing torch from the
-# same wheel, on 2 cores (BENCHMARKS.md, "The demo's time on the AMD EPYC box"). The CPU build comes from where pip's configuration finds it (PIP_FIND_LINKS or
+# same wheel, on 2 cores (BENCHMARKS.md#install-time). The CPU build comes from where pip's configuration finds it (PIP_FIND_LINKS or
 # global.find-links: on this kind of machine a wheel on its disk); uv reads no pip configuration, so those
 # locations are passed on. Without them the torch wheel is PyPI's, a multi-GB CUDA one, for pip as for uv.
 # uv keeps its own cache in ~/.cache/uv.
@@ -35,7 +35,7 @@ UV_LINKS = $(foreach d,$(sort $(PIP_LINKS)),--find-links $(d))
 # PYTHONDONTWRITEBYTECODE=1 is set (these machines set it, as many container images do) no process ever writes it:
 # every process compiled every module it imported, every time. On the 2-core AVX2-only AMD EPYC, `import prefect`
 # took 2.8-3.3 s that way and 1.5-2.2 s with bytecode, `from transformers import AutoTokenizer` 17.4 s against 10.7 s,
-# `import mlflow` 5.6 against 2.3 s, and every stage process pays several of these (BENCHMARKS.md, #stage-fixed-costs).
+# `import mlflow` 5.6 against 2.3 s, and every stage process pays several of these (BENCHMARKS.md#stage-fixed-costs).
 # Compiling site-packages and the project's packages takes about a minute there; modules already compiled are skipped.
 # compileall exits 1 for the few vendored files written for newer Pythons (e.g. torch's py312_intrinsics.py), which
 # this interpreter never imports: its status is not the install's.
@@ -90,7 +90,7 @@ demo: services
 PYTEST_WORKERS ?= 2
 # torch's threads in each pytest worker and every stage process its releases start (EDGEFLOW_TORCH_THREADS,
 # edgeflow/engines/cpu_host.py): the cores divided among the workers. Two test-tiny distillations at once on 2 cores
-# took 44 s each with 2 threads apiece, 19 s with 1 (benchmarks/concurrent_distill.py; BENCHMARKS.md, "Where the
+# took 44 s each with 2 threads apiece, 19 s with 1 (benchmarks/concurrent_distill.py; BENCHMARKS.md#torch-threads
 # suite's time goes"). A value in the environment wins.
 TEST_TORCH_THREADS := $(shell w=$(PYTEST_WORKERS); n=$$(nproc); t=$$(( w > 1 ? n / w : n )); echo $$(( t > 0 ? t : 1 )))
 TEST_RESULTS := .edgeflow/test-results

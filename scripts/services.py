@@ -47,7 +47,7 @@ from edgeflow.ops.processes import MAX_NICE, alive, answers, read_pid, spawn_det
 # bookkeeping (Prefect's server alone: 7 % of a core idle, 17 % with the demo's progress view polling it) took
 # turns on the cores torch's two threads wait on each other across: one GPTQ W8A16 quantization (16 samples, the
 # demo's student, a worker thread, 2-core AMD EPYC) took 45 s with the servers at 0 and 37 s at 10
-# (BENCHMARKS.md, "Services at a lower priority"). A request still gets the core when the stages leave one idle.
+# (BENCHMARKS.md#services-up). A request still gets the core when the stages leave one idle.
 SERVERS_NICE = 10
 
 # How `down` stops a group: SIGINT first (Prefect workers exit cleanly on it and are slow on SIGTERM), then harder.
@@ -221,7 +221,7 @@ def up() -> None:
                        env=os.environ | env, cwd=REPO, check=True, capture_output=True)
     # Deploy first, then the workers: three workers starting (nice 0) alongside the deploy starved the niced
     # Prefect server that the deploy talks to, and the deploy took 37 s instead of 10 (`up` from nothing 70 s
-    # against 38 s; BENCHMARKS.md). A run created right after `up` waits only for a worker's start.
+    # against 38 s; BENCHMARKS.md#services-up). A run created right after `up` waits only for a worker's start.
     for pool in pools:
         pidfile = home / "run" / f"worker-{pool}.pid"
         if os.environ.get("EDGEFLOW_WORKERS", "on") == "off":

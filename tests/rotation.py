@@ -17,7 +17,7 @@ SHARES = 3
 ENV = "EDGEFLOW_EXTENDED_SHARE"
 
 # share -> the extended tests it runs (file::name), of about equal cost: on the AVX2-only EPYC each share added 280-460
-# test-seconds, over 1-2 of the two end-to-end files, and `.ci/run` stayed near 37 minutes (BENCHMARKS.md #ci-bytecode).
+# test-seconds, over 1-2 of the two end-to-end files, and `.ci/run` stayed near 37 minutes (BENCHMARKS.md#ci-bytecode).
 ROTATION: dict[int, tuple[str, ...]] = {
     0: (
         "tests/pipeline/test_release_e2e.py::test_retry_in_the_prefect_ui_resumes_a_failed_release_without_recomputing",

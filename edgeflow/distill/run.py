@@ -27,7 +27,7 @@ from edgeflow.distill.train import DistillResult, LogFn, default_device, precisi
 
 # The teacher's held-out logits are kept (in host memory) for the comparisons before and after training when they fit
 # in this many bytes: the CPU demo's 24 sequences of <= 128 tokens over a 49,152-token vocabulary are about 600 MB,
-# and they spare one of its two teacher passes (the two comparisons took 41 s of the demo's release, BENCHMARKS.md).
+# and they spare one of its two teacher passes (the two comparisons took 41 s of the demo's release, docs/benchmarks/history/2026-12-03.md).
 # A production vocabulary at 2,048 tokens needs tens of GB: there the teacher runs once per comparison, as before.
 KEEP_TEACHER_LOGITS_BYTES = 1 << 30
 

@@ -94,7 +94,7 @@ API = ("Profile", "build", "check_compatible", "build_identity", "load", "genera
 # Requests generate_many keeps in flight at once: the cpu_native scheduler decodes 4 streams a step (MAX_ROWS), a GPU
 # engine batches more. 16 greedy continuations of 32 tokens on the demo's engines (2-core AMD EPYC), one at a time
 # against 16 at once: fp32 16.4 s / 4.7 s, gptq-w8a16 11.6 s / 5.1 s, gptq-w4a16 3.8 s / 2.1 s, the same tokens
-# (BENCHMARKS.md, "The gate's greedy continuations, batched").
+# (BENCHMARKS.md#gate-batching).
 GENERATE_MANY_STREAMS = 16
 
 

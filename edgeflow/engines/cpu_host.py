@@ -85,7 +85,7 @@ def apply_torch_threads() -> int | None:
     gives the cpu pool's runs 2): for a host that runs several stage processes at once on few cores, where each
     one's threads defaulting to every core makes them wait on each other. Two test-tiny distillations at once on the
     2-core AMD EPYC took 44 s each with 2 threads apiece, 19 s each with 1 (16 s for one alone with 2;
-    benchmarks/concurrent_distill.py, BENCHMARKS.md "Where the suite's time goes"). Unset: nothing changes.
+    benchmarks/concurrent_distill.py, BENCHMARKS.md#torch-threads). Unset: nothing changes.
     Called before torch loads (edgeflow/pipeline/__init__.py, tests/conftest.py); if torch is already loaded it is told too.
     Returns the count set, or None."""
     threads = int_from_env(TORCH_THREADS_ENV, lo=1, meaning="torch intra-op threads of each edgeflow process")

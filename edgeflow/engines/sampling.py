@@ -346,7 +346,7 @@ def _first(k: int, ids: np.ndarray, z: np.ndarray) -> np.ndarray:
 # envelope holds them as one flat block of that weight (a valid bound on each), so a step works only on the tokens
 # that can matter. 20: the block's total over a 262k vocabulary is below 5e-4 of the favourite's weight, so a
 # proposal lands there (and widens the step to every row) about once in 2,000 steps at most; on the demo student
-# the universe at temperature 0.7 is 250-21,000 of 49,152 tokens against 45,000-49,152 at 40 (BENCHMARKS.md).
+# the universe at temperature 0.7 is 250-21,000 of 49,152 tokens against 45,000-49,152 at 40 (docs/benchmarks/history/2026-12-05.md, "Exact sampling without the fp32 head").
 TAIL_LOG = 20.0
 
 

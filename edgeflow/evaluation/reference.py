@@ -72,7 +72,7 @@ class HFScorer:
         """Each prompt's greedy continuation, stopping before a stop token (as the engines do), all prompts decoded
         as one left-padded batch with a KV cache. One batched step reads the weights once for every prompt: 16 prompts
         x 32 tokens on the 30-layer teacher took 29-35 s one prompt at a time and 5.6-6.8 s as one batch (2-core AMD
-        EPYC; BENCHMARKS.md "The gate's greedy continuations, batched"). Padding is masked and each row keeps its own
+        EPYC; BENCHMARKS.md#gate-batching). Padding is masked and each row keeps its own
         positions, so a row's tokens are its unbatched continuation's (tests/evaluation/test_reference.py)."""
         import torch
 

@@ -370,7 +370,7 @@ def transformers_kwargs(model_dir) -> dict[str, Any]:
 # A layer cut that removes less than this share of the teacher's parameters is rarely worth a distillation: the
 # Gemma 3 270M demo kept 14 of 18 layers and saved 8 % (245.8 M of 268 M; its 262,144 x 640 embedding, tied with the
 # head, is 63 % of the model and no cut removes it). The student is then nearly as slow and large as the teacher, and
-# worse (BENCHMARKS.md, "The student gate").
+# worse (BENCHMARKS.md#student-gate).
 MIN_CUT_SAVING = 0.25
 
 

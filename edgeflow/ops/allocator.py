@@ -8,7 +8,7 @@ fresh mmap and unmaps it on free, so the kernel zeroes and faults in every page 
 on the demo's distillation step (4 × 128 tokens, SmolLM2 teacher and its 24-layer student, 2-core AMD EPYC,
 AVX-512): about 470,000 page faults and 1.5–1.8 s of kernel time a step, 4.4–4.9 s a step. With the settings
 below: about 700 page faults and 0.2–0.3 s of kernel time, 3.4–3.8 s a step (benchmarks/distill_step.py;
-BENCHMARKS.md, the AMD EPYC block of "Cold make demo from a fresh clone").
+BENCHMARKS.md#distill-step).
 
 What. `tune()` raises the mmap threshold to 1 GiB (blocks below it come from the heap and are reused), keeps up to
 2 GiB of freed heap instead of trimming it, grows the heap 512 MiB at a time, and asks torch to back its large

@@ -4,7 +4,7 @@ Each flow run sends heartbeats (PREFECT_FLOWS_HEARTBEAT_FREQUENCY, for the zombi
 from a thread that sleeps in one-second steps, and Prefect 3.9.1's sync engine joins that thread when the run's
 body returns. A subflow run inline in the release (calibrate, gate_reference and register in most profiles) thus
 handed back to the release up to 1 s after it ended: 2.4 s of a fully cached test-tiny release over its three inline
-stages (py-spy of the release process; 2-core AMD EPYC, AVX2; BENCHMARKS.md "A release's fixed costs").
+stages (py-spy of the release process; 2-core AMD EPYC, AVX2; BENCHMARKS.md#stage-fixed-costs).
 
 For a run nested in another (an inline stage, or a pool-placed stage, which the release links as its subflow) the
 thread is no longer joined: it sees the stop at its next step and returns without sending. Its run's final state is

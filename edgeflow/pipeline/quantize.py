@@ -116,7 +116,7 @@ def quantize(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef
             # One at a time: in this thread, not in the task runner's. Inline stages share one process, and after
             # distill has trained here, oneshot in a new thread ran a third slower than in this one (gptq-w4a16 on 64
             # sequences: 130 s against 99 s, benchmarks/quantize_time.py --train-steps 8 [--thread]; in the demo
-            # 96-107 s, against 60-70 s alone). BENCHMARKS.md "Quantization in the flow's thread".
+            # 96-107 s, against 60-70 s alone). BENCHMARKS.md#quantize-in-thread.
             done = [quantize_variant(*batch[0].args)]
         else:  # each parameter as a list, one value per variant of the batch
             done = quantize_variant.map(*[list(column) for column in zip(*(c.args for c in batch))]).result()

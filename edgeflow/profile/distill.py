@@ -22,7 +22,7 @@ class TeacherCacheConfig(_Strict):
         default=64, ge=1,
         description="Teacher tokens kept per position; the KL runs over these k plus one bucket for the rest of the vocabulary "
         "(edgeflow/distill/losses.py:kd_sums_topk). 64 keeps 512 bytes a token; on the demo teacher at T=1 the top 64 hold most of the "
-        "mass (BENCHMARKS.md, 'The teacher-output cache').",
+        "mass (BENCHMARKS.md#teacher-cache).",
     )
     hidden_dtype: Literal["bfloat16", "float16"] = Field(
         default="bfloat16",
@@ -70,7 +70,7 @@ class DistillConfig(_Strict):
         "(mean angular distance over the first training sequences), never layer 0 or the last layer; replaces keep_every_k. "
         "Why: a contiguous block of late-middle layers changes the residual stream least, so the cut student starts far "
         "closer to the teacher than one keeping every k-th layer (11 of 30 SmolLM2 layers before training: perplexity "
-        "7,110 vs 173,154; BENCHMARKS.md).",
+        "7,110 vs 173,154; BENCHMARKS.md#demo-student).",
     )
     student_from: str | None = Field(
         default=None,
@@ -125,7 +125,7 @@ class DistillConfig(_Strict):
         description="Decoding defaults written into the student's generation_config.json, which the quantized checkpoints "
         "and engines inherit and the edge server applies when a request sets none (keys: do_sample, temperature, top_p, "
         "top_k, repetition_penalty). None: the teacher's. The shipped profiles set repetition_penalty 1.1 (Ollama's "
-        "default): on the demo's int4 engines greedy answers looped in 4 of 5 demo prompts, with 1.1 in none (BENCHMARKS.md).",
+        "default): on the demo's int4 engines greedy answers looped in 4 of 5 demo prompts, with 1.1 in none (BENCHMARKS.md#repetition-penalty).",
     )
     mixed_precision: Literal["auto", "bf16", "off"] = Field(
         default="auto",
@@ -133,7 +133,7 @@ class DistillConfig(_Strict):
         "the loss stay fp32 (the student's passes under deepspeed-zero3 follow its own config instead). auto: bf16 where the "
         "device computes it natively (a CUDA GPU that supports it, a CPU listing avx512_bf16 or amx_bf16), off elsewhere, "
         "where emulated bf16 is slower than fp32. Measured on the demo's step (2-core AMD EPYC, AVX512_BF16): 3.9 s fp32, "
-        "1.8 s bf16 (BENCHMARKS.md, the AMD EPYC block of \"Cold make demo from a fresh clone\"). The teacher-output cache keeps the two apart (its namespace).",
+        "1.8 s bf16 (BENCHMARKS.md#distill-step). The teacher-output cache keeps the two apart (its namespace).",
     )
     # --- processes: how the same training is computed (see training_identity)
     processes: int | None = Field(

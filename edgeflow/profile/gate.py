@@ -15,7 +15,7 @@ class StudentGateConfig(_Strict):
     engine's answers to the demo prompts by the consistency stage. A student that misses any limit is not registered;
     the release fails naming each measure, its value and its limit. None switches one measure off.
 
-    Defaults, from the students measured in BENCHMARKS.md ("The student gate"): the SmolLM2 demo student (24 layers,
+    Defaults, from the students measured in BENCHMARKS.md#student-gate: the SmolLM2 demo student (24 layers,
     60 steps) scores top-1 62.7-63.7 %, KL 0.54, perplexity 0.66x the teacher's, 5/5 answers; the Gemma 3 demo student
     that answered fluently (Xeon) top-1 33.7 %, perplexity 0.82x, 3/5 answers; the one that answered only in loops
     (the AVX2-only box) top-1 36.0 %, KL 1.92, 0/5 answers: only its answers tell it apart. 11-layer SmolLM2 students
@@ -79,7 +79,7 @@ class GateConfig(_Strict):
         default=0.6, ge=0, le=1,
         description="Pass: at least this share of the variant's answers to the demo prompts are not degenerate "
         "(edgeflow/evaluation/answers.py), whatever its KL; None: reported, not gated. 0.6 = 3 of 5: variants of fluent "
-        "students answered 4/5 or 5/5 (BENCHMARKS.md), variants of a looping one 0-2/5.",
+        "students answered 4/5 or 5/5 (BENCHMARKS.md#student-gate), variants of a looping one 0-2/5.",
     )
     student: StudentGateConfig = Field(
         default_factory=StudentGateConfig,

@@ -16,7 +16,7 @@ MiB = 1 << 20
 # How long the edge server and the proxy keep an idle client connection open. Clients built on httpx (the OpenAI
 # SDK among them) drop an idle connection after 5 s; a server that also closes at 5 s (uvicorn's default) races
 # them, and a request sent as the server closes is reset: 1 of 40 requests spaced at the timeout, measured on the
-# 2-core Xeon of BENCHMARKS.md ("Keep-alive"). At 75 s, as in nginx's keepalive_timeout, the client gives up first.
+# 2-core Xeon of BENCHMARKS.md#keepalive-race. At 75 s, as in nginx's keepalive_timeout, the client gives up first.
 KEEPALIVE_S = 75
 # The proxy's own pool drops an idle connection to an edge server well before that server would (same race).
 PROXY_POOL_KEEPALIVE_S = 30

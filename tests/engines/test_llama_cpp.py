@@ -1,4 +1,4 @@
-"""The llama.cpp backend (edgeflow/engines/llama_cpp.py) on a 3-layer student of the real teacher.
+"""The llama.cpp backend (edgeflow/engines/llama_cpp/) on a 3-layer student of the real teacher.
 
 Checkpoints are made with llm-compressor (RTN, no calibration data): int4 asymmetric and symmetric g64, int8
 symmetric per channel, the mixed W8-attention/W4-MLP recipe and an int8 asymmetric one no block holds. The

@@ -11,7 +11,7 @@ from edgeflow.profile import GateConfig, StudentGateConfig
 from edgeflow.evaluation.answers import repetition
 from edgeflow.evaluation.student_gate import check_student, rejection_message
 
-# What the distill stage recorded for test-tiny's 3-layer, 3-step student, and for the SmolLM2 demo student (BENCHMARKS.md)
+# What the distill stage recorded for test-tiny's 3-layer, 3-step student, and for the SmolLM2 demo student (BENCHMARKS.md#student-gate)
 TINY = {"student_top1_vs_teacher": 0.0668, "student_kl_vs_teacher": 7.7646, "student_ppl": 34048.6, "teacher_ppl": 37.3,
         "student_layers": 3}
 DEMO = {"student_top1_vs_teacher": 0.627, "student_kl_vs_teacher": 0.536, "student_ppl": 13.9, "teacher_ppl": 21.2,

@@ -1,6 +1,6 @@
 """The silent hang pages: a live server frozen twice, with Prometheus, Alertmanager and a webhook sink around it.
 
-The same drill `make page-test` runs (edgeflow.ops.monitoring.page_drill); its seconds are in BENCHMARKS.md.
+The same drill `make page-test` runs (edgeflow.ops.monitoring.page_drill); its seconds are in BENCHMARKS.md#paging.
 """
 from __future__ import annotations
 

@@ -83,3 +83,26 @@ def test_the_layout_docs_name_every_package_and_developers_md_every_file() -> No
              and f.name not in ("__init__.py", "__main__.py")]
     missing = sorted(str(f.relative_to(REPO)) for f in files if f.name not in developers)
     assert not missing, f"DEVELOPERS.md's layout does not name {missing}"
+
+
+def test_code_cites_benchmark_figures_by_anchors_that_exist() -> None:
+    """The code, configs and docs cite a figure as BENCHMARKS.md#<anchor> (the current figure) or a dated file of
+    docs/benchmarks/history/, never by a section title; every anchor and file cited exists."""
+    import re
+
+    anchors = set(re.findall(r'<a id="([^"]+)"></a>', (REPO / "BENCHMARKS.md").read_text()))
+    assert len(anchors) > 20
+    places = [*(REPO / "edgeflow").rglob("*.py"), *(REPO / "edgeflow").rglob("*.c"), *(REPO / "configs").glob("*.yaml"),
+              *(REPO / "scripts").glob("*.py"), *(REPO / "tests").rglob("*.py"), REPO / "Makefile",
+              *(p for p in (REPO / "docs").rglob("*.md") if "history" not in p.parts)]
+    unknown, titled, missing = [], [], []
+    for path in places:
+        text = path.read_text()
+        where = str(path.relative_to(REPO))
+        unknown += [f"{where}: #{a}" for a in re.findall(r"BENCHMARKS\.md,? ?\(?#([a-z0-9-]+)", text) if a not in anchors]
+        titled += [f"{where}: {m}" for m in re.findall(r'BENCHMARKS\.md,? \(?"[^"]+"', text)]
+        missing += [f"{where}: {f}" for f in re.findall(r"docs/benchmarks/history/([0-9-]+\.md)", text)
+                    if not (REPO / "docs" / "benchmarks" / "history" / f).exists()]
+    assert not unknown, f"anchors BENCHMARKS.md does not have: {unknown}"
+    assert not titled, f"cite BENCHMARKS.md#<anchor>, not a section title: {titled}"
+    assert not missing, f"history files that do not exist: {missing}"

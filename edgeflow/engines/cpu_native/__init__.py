@@ -7,7 +7,7 @@ edgeflow/model/architecture.py describes (Llama 3.x, Mistral, Qwen2/2.5, Qwen3, 
   activations quantized to int16 per 64-element group (xq, scale xs: 15 bits, where fp16 keeps 11), so
   every group's dot product is an exact integer (AVX2 vpmaddwd) and only the activation rounding and the
   fp32 sum over groups differ from the fake-quantized HF model (logits within 0.5e-4 to 2.5e-4 of their
-  largest magnitude, the same greedy tokens; BENCHMARKS.md). Unpacking int4 this way takes 2.75 ALU ops
+  largest magnitude, the same greedy tokens; BENCHMARKS.md#cpu-native-vs-hf). Unpacking int4 this way takes 2.75 ALU ops
   per 16 weights, shared by every stream in the step, so a second stream adds only its multiply-adds.
   8-bit weights (W8A16, the 8-bit half of mixed recipes) run the same way through an int8 kernel
   (q4.c's q8w_gemm): each linear takes the kernel of its own width. Per-channel scales and groups of a

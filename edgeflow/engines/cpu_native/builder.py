@@ -4,17 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
 import numpy as np
+
 from edgeflow.model.architecture import Architecture, check_backend, describe
 from edgeflow.tracking.artifacts import sha256_tree
 from edgeflow.engines import engine_dir as edir, validate_profile
-from edgeflow.engines.checkpoint import InexactWeights, WeightScheme, copy_tokenizer_files, layer, layer_scheme, load_dequantized, load_tensors, read_config, weight_schemes
+from edgeflow.engines.checkpoint import (InexactWeights, WeightScheme, copy_tokenizer_files, layer, layer_scheme,
+    load_dequantized, load_tensors, read_config, weight_schemes)
 from edgeflow.engines.cpu_host import device_fingerprint
 from edgeflow.engines.sampling import PARAMETERS, REJECTION_TRIES
 
 from edgeflow.engines.cpu_native.kernels import compile_kernels, kernel_sha256
 from edgeflow.engines.cpu_native.layout import int8_head, pack_int4, pack_int8
-from edgeflow.engines.cpu_native.settings import BACKEND, FIX, FORMAT_VERSION, GROUP, REQUIRED_ISA, WEIGHTS, _FUSED, _LINEARS
+from edgeflow.engines.cpu_native.settings import (BACKEND, FIX, FORMAT_VERSION, GROUP, REQUIRED_ISA, WEIGHTS, _FUSED,
+    _LINEARS)
 
 
 def _arch(config: dict[str, Any], where: Path) -> Architecture:

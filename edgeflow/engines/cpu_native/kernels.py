@@ -11,6 +11,7 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import Any
+
 from edgeflow.engines import EngineIncompatibleError
 from edgeflow.engines.cpu_host import ISA_FLAGS, cpu_flags as _cpu_flags
 

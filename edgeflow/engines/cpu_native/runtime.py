@@ -11,14 +11,17 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
+
 import numpy as np
+
 from edgeflow.model.architecture import Architecture
 from edgeflow.engines import EngineIncompatibleError, engine_dir as edir
 from edgeflow.engines.cpu_host import cpu_flags as _cpu_flags, device_fingerprint, int_from_env, threads_from_env
 from edgeflow.engines.sampling import NUCLEUS_ROWS, REDRAWS, REJECTION_TRIES, TAIL_LOG, Sampler, Token, Universe
 
 from edgeflow.engines.cpu_native.kernels import _compiler, _library, kernel_sha256
-from edgeflow.engines.cpu_native.settings import BACKEND, FIX, FORMAT_VERSION, REQUIRED_ISA, SOURCE, SPIN_ENV, SPIN_US_DEFAULT, STEP_ROWS, WEIGHTS, _COLUMNS, _FUSED, _KINDS
+from edgeflow.engines.cpu_native.settings import (BACKEND, FIX, FORMAT_VERSION, REQUIRED_ISA, SOURCE, SPIN_ENV,
+    SPIN_US_DEFAULT, STEP_ROWS, WEIGHTS, _COLUMNS, _FUSED, _KINDS)
 
 
 def check_compatible(engine_dir: Path) -> None:
@@ -223,7 +226,7 @@ class _Decoder:
 class _HeadBuffers:
     """Scratch for head_argmax and head_sample, kept by a decoder so a step does not map (and page-fault) fresh
     vocabulary-sized arrays for every row: 0.24 ms of head_sample's 0.9 ms on the demo student before it had its own
-    (BENCHMARKS.md). The arrays a sampled step hands to Sampler are views of these, valid until the next step."""
+    (docs/benchmarks/history/2026-12-05.md). The arrays a sampled step hands to Sampler are views of these, valid until the next step."""
 
     def __init__(self, session: NativeSession, rows: int):
         vp, v = session.tensors["head.q8_scale"].shape[0], session.vocab_size

@@ -8,7 +8,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
+
 import numpy as np
+
 from edgeflow.engines.sampling import GREEDY, PARAMETERS, Sampler, SamplingParams
 
 from edgeflow.engines.cpu_native.runtime import NativeSession, _Decoder, head_argmax, head_sample

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Literal
+
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -42,7 +43,7 @@ MAX_ROWS = 4  # streams decoded together (one row each per step): q4.c's DECODE_
 STEP_ROWS = 64  # rows one llama_step call carries (q4.c's STEP_ROWS): prefill chunks of one or several prompts
 
 
-# (64 against 16: 11-16 % faster prefill of 128-1,024 tokens, BENCHMARKS.md "Prefill: panels, attention by KV group,
+# (64 against 16: 11-16 % faster prefill of 128-1,024 tokens, BENCHMARKS.md#prefill-by-length;
 # 64-row steps"; a prompt's whole prefill runs between two decode steps whatever the chunk, so live streams wait no
 # longer)
 IDLE_EXIT_S = 2.0  # an idle scheduler thread ends after this long (restarted by the next generate)
@@ -55,7 +56,7 @@ SPIN_ENV = "EDGEFLOW_ENGINE_SPIN_US"
 
 
 # How long an idle team worker spins (yielding its core to anything runnable every ~64 pauses) before it
-# sleeps. Measured on the 2-core Intel VM, 30-layer int4 model, 1 stream (BENCHMARKS.md "thread team"):
+# sleeps. Measured on the 2-core Intel VM, 30-layer int4 model, 1 stream (BENCHMARKS.md#thread-team):
 # sleeping at once costs a futex wake-up of an idle vCPU per region (~200 regions a token); a spin that
 # outlasts the gaps between regions and between tokens (~0.1 ms of Python) avoids them, and a longer one
 # buys nothing on a quiet machine and costs CPU on a busy one.

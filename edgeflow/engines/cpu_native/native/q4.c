@@ -10,7 +10,7 @@
 //    it by spinning (pause, and a sched_yield every 64 rounds so that whatever else is runnable on that core
 //    goes first) for up to spin_ns, then sleep on a futex. Why not OpenMP's passive wait: a decoder step is
 //    ~200 regions of 10-60 us on the 30-layer model, and every futex wake-up of an idle vCPU cost about as
-//    much as the region (68 tok/s passive vs ~270 spinning on the 2-core Intel VM, BENCHMARKS.md). Why not
+//    much as the region (68 tok/s passive vs ~270 spinning on the 2-core Intel VM, BENCHMARKS.md#thread-team). Why not
 //    OpenMP's spin: its workers spin without yielding, so on a busy machine they starve the thread they wait
 //    for (GOMP_SPINCOUNT=20000: 31 tok/s against 110 passive with one other busy process).
 //
@@ -20,7 +20,7 @@
 //    (xq, scale xs; 15 bits where fp16 keeps 11), so sum_k (q - z) * xq is an exact integer (vpmaddwd) and
 //    the roundings are the activations' (half a step of the group's max) and the fp32 sum over groups.
 //    Measured against the fake-quantized model in fp32: logits within 0.5e-4 to 2.5e-4 of their largest
-//    magnitude, identical greedy tokens (BENCHMARKS.md). Up to 4 activation rows (a decode step of up to 4
+//    magnitude, identical greedy tokens (BENCHMARKS.md#cpu-native-vs-hf). Up to 4 activation rows (a decode step of up to 4
 //    streams, or 4 tokens of a prefill chunk) share one unpack of every weight row (2.75 ALU ops per 16
 //    weights, against 8 to reach fp32), so a step is close to reading the weights once and a second stream
 //    adds only its own multiply-adds. A step of more than 4 rows (a prefill chunk) runs panels instead: 8 weight rows
@@ -346,7 +346,7 @@ static void qi_region(void* p, int tid, int nth) {
 // row kernels' (the same group sums, the same FMA per lane, hsum's order): bitwise the same results, so a prompt's
 // hidden states do not depend on the chunk that carried it. While a panel computes, the next one's packed weights are
 // prefetched into L2 (the unpack had waited on them). 1.0-1.18x the row kernels' multiply-adds per second at 16 rows
-// and 1.10-1.28x at 128 on the 2-core Intel VM (BENCHMARKS.md, "Prefill: panels, attention by KV group, 64-row steps").
+// and 1.10-1.28x at 128 on the 2-core Intel VM (BENCHMARKS.md#kernels-gflops).
 #define DEFINE_PANEL(NAME, UNPACK, GROUP, ROW_BYTES)                                                         \
 static void NAME(const int16_t* xq, const float* xs, int M, int K, int N, const void* w, const float* s,     \
                  const int16_t* z, float* y, int r0, int r1) {                                               \
@@ -489,7 +489,7 @@ void q8w_gemm(const float* x, int M, int K, int N, const int8_t* w, const float*
 // MM activation rows times R weight rows: MM * R accumulators, MM activation vectors and one weight vector live in
 // registers. 4 x 3 (17 vectors for AVX2's 16 ymm registers) against the 4 x 4 before it (21, spilling), with the
 // team's 2 threads on the 2-core AMD EPYC box: 86-96 against 46-62 GFLOP/s at 16 and 128 rows (python
-// benchmarks/kernels.py; BENCHMARKS.md). Each output is the same sum in the same order whatever the tiling: results
+// benchmarks/kernels.py; BENCHMARKS.md#kernels-gflops). Each output is the same sum in the same order whatever the tiling: results
 // are bitwise the same as the 4 x 4 kernel's.
 #define DEFINE_F32(MM, R)                                                                                    \
 static void f32_rows_##MM##_##R(const float* x, int K, int N, const float* w, float* y, int n0) {         \
@@ -662,7 +662,7 @@ static float dotK(const float* a, const float* b, int K) {
 // with, so every exact logit the engine computes for a row is the same number whichever path asks. Sampling's
 // rescored rows and its full passes (logprobs) come here: numpy's sgemv ran them on OpenBLAS's own threads, which
 // then spin on the second core through the next decoder step: its layers took 3.99-4.69 ms a token against 2.43-2.59
-// greedy (top_p 0.9 and top_k 40 at 0.58-0.64x greedy against 0.78-0.86x with those threads off; BENCHMARKS.md).
+// greedy (top_p 0.9 and top_k 40 at 0.58-0.64x greedy against 0.78-0.86x with those threads off; docs/benchmarks/history/2026-12-05.md).
 typedef struct { const float* x; int K; const float* E; const int* ids; int n; float* y; } rows_job;
 
 static void head_rows_region(void* p, int tid, int nth) {
@@ -772,7 +772,7 @@ static inline __m256 exp8(__m256 x) {
 // exp(up / t - zmax) from above, not equal it (a proposal is accepted with the exact ratio): exp8 in float, raised
 // by 2^-16 over its 2 ulp and the float rounding of the exponent (<= 1e-6 over the universe's [-tail_log, 0]).
 // numpy took 0.18 ms at temperature 0.7 and 0.63 ms at 1.0 on the demo's 49,152 rows (an exp and a sequential
-// cumsum per row of a universe of 5,000-49,000); BENCHMARKS.md has this one's.
+// cumsum per row of a universe of 5,000-49,000); docs/benchmarks/history/2026-12-05.md has this one's.
 // [a, a + b, a + b + c, a + b + c + d] of [a, b, c, d]
 static inline __m256d prefix4(__m256d v) {
     v = _mm256_add_pd(v, _mm256_blend_pd(_mm256_permute4x64_pd(v, 0x90), _mm256_setzero_pd(), 0x1));
