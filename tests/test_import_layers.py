@@ -173,3 +173,11 @@ def test_no_test_file_imports_another():
     offenders = {f"{p.relative_to(REPO_ROOT)}: {m}" for p in (REPO_ROOT / "tests").rglob("*.py")
                  for m in pattern.findall(p.read_text())}
     assert not offenders, sorted(offenders)
+
+
+def test_no_module_is_over_600_lines():
+    """A module that grows past 600 lines holds more than one concern: split it (a package that exports what the
+    module did, like edgeflow/engines/cpu_native/)."""
+    long = {str(p.relative_to(REPO_ROOT)): n for p in (REPO_ROOT / "edgeflow").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, long

@@ -65,17 +65,12 @@ from edgeflow.engines.tensorrt_llm.device import (
 )
 from edgeflow.engines.tensorrt_llm.engine import build, engine_meta
 from edgeflow.engines.tensorrt_llm.plan import (
-    API_GENERATIONS,
     BACKEND,
-    BACKEND_API,
     DEFAULT_PROFILE,
     SCORE_SUBDIR,
-    ApiGeneration,
     BuildProfile,
     Profile,
-    api_generation_of,
     available_build_profiles,
-    check_api_version,
     check_converted_quantization,
     check_model,
     check_engine_config,
@@ -83,8 +78,15 @@ from edgeflow.engines.tensorrt_llm.plan import (
     plan_build,
     quantization_plan,
     resolve_profile,
-    version_order,
     weight_scheme,
+)
+from edgeflow.engines.tensorrt_llm.versions import (
+    API_GENERATIONS,
+    BACKEND_API,
+    ApiGeneration,
+    api_generation_of,
+    check_api_version,
+    version_order,
 )
 from edgeflow.engines.tensorrt_llm.runtime import (
     SAMPLING_SUPPORT,

@@ -21,10 +21,12 @@ from edgeflow.tracking.artifacts import sha256_json
 from edgeflow.engines import EngineIncompatibleError, engine_dir as edir
 from edgeflow.engines.gpu_host import JETPACK_BY_L4T, dist_version, gpu_fingerprint, mmp, parse_nv_tegra_release  # noqa: F401 (re-exported)
 from edgeflow.engines.tensorrt_llm.plan import (
-    API_GENERATIONS,
     BACKEND,
-    BACKEND_API,
     TRTLLM_SRC_ENV,
+)
+from edgeflow.engines.tensorrt_llm.versions import (
+    API_GENERATIONS,
+    BACKEND_API,
     api_generation_of,
 )
 

@@ -15,12 +15,14 @@ from edgeflow.engines import engine_dir as edir
 from edgeflow.engines.checkpoint import copy_tokenizer_files
 from edgeflow.engines.tensorrt_llm import device as dev
 from edgeflow.engines.tensorrt_llm.plan import (
-    API_GENERATIONS,
     BACKEND,
     SCORE_SUBDIR,
     check_converted_quantization,
     check_engine_config,
     plan_build,
+)
+from edgeflow.engines.tensorrt_llm.versions import (
+    API_GENERATIONS,
 )
 from edgeflow.engines.tensorrt_llm.runtime import SAMPLING_SUPPORT, special_token_ids
 from edgeflow.engines.tensorrt_llm.staging import stage_checkpoint
