@@ -20,7 +20,6 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Literal, Protocol, Sequence
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from edgeflow.calibration.access_logs import _lines, _parse_ts, ingest, log_files
@@ -122,16 +121,15 @@ def collect_traffic(
     return Traffic(**base, snapshot=str(out))
 
 
-def derive_profile(profile: Profile, snapshot: Path, out: Path) -> Path:
-    """The profile with `nightly.domain`'s calibration source replaced by the snapshot, written as YAML."""
+def derive_profile(profile: Profile, snapshot: Path) -> Profile:
+    """The profile with `nightly.domain`'s calibration source replaced by the snapshot: an object the nightly hands
+    its release (edgeflow/pipeline/chain.py open_release), never a file written and read back."""
     data = profile.settings()  # the fields as written: a default dumped as if set would trip "both set" checks
     domain = profile.nightly.domain  # a known calibration domain: the profile validator checked it
     data["name"] = f"{profile.name}-nightly"
     sources = data.setdefault("calibration", {}).setdefault("sources", dict(profile.calibration.sources))
     sources[domain] = str(Path(snapshot).resolve())
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(yaml.safe_dump(data, sort_keys=False))
-    return out
+    return Profile.model_validate(data)
 
 
 def beats(new: dict[str, float], current: dict[str, float]) -> tuple[bool, str]:

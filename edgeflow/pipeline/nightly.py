@@ -110,8 +110,7 @@ def nightly_recalibration(
     traffic = gather_traffic(profile, logs_dir, until, base["student"])
     if traffic.skipped:
         return write_night_report(profile, {"status": "skipped", "reason": traffic.skipped, "traffic": traffic.model_dump()})
-    nightly_profile = str(derive_profile(p, Path(traffic.snapshot), Path(traffic.snapshot).with_name("profile.yaml")))
-    ctx = open_release(nightly_profile)
+    ctx = open_release(profile, settings=derive_profile(p, Path(traffic.snapshot)).settings())
     gate_report, calibration, attempts = quantize_and_gate(ctx, base["student"])
     registry = run_stage(ctx, "register", register, calls=register_calls, gate_report=gate_report,
                          lineage={"teacher": base["teacher"], "student": base["student"], "calibration": calibration})
