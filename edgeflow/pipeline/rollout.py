@@ -21,6 +21,7 @@ import time
 from prefect import flow, task
 
 from edgeflow.preflight import load_profile
+from edgeflow.profile import Profile, RolloutConfig
 
 
 class RolloutBreach(RuntimeError):
@@ -69,52 +70,52 @@ def _cancel(flow_run_id, why: str) -> None:
 
 
 @task(task_run_name="deploy v{version} on {device}")
-def deploy_device(profile: str, device: str, version: str, reason: str) -> dict:
-    """deploy-edge on the device's own queue: fetch, verify, bind, health-gate, switch (or leave it as it was)."""
-    p = load_profile(profile)
+def deploy_device(profile: str, device: str, version: str, reason: str, cfg: RolloutConfig) -> dict:
+    """deploy-edge on the device's own queue: fetch, verify, bind, health-gate, switch (or leave it as it was). The
+    device reads `profile` itself (its own device.yaml on top)."""
     return _run_on_device("deploy-edge/deploy-edge", device, {"profile": profile, "alias": "rollout", "version": version,
-                                                              "reason": reason}, p.rollout)
+                                                              "reason": reason}, cfg)
 
 
 @task(task_run_name="probe v{version} on {device}")
-def probe_device(profile: str, device: str, version: str) -> dict:
+def probe_device(profile: str, device: str, version: str, cfg: RolloutConfig) -> dict:
     """probe-edge on the device: the gate's greedy prompts through its stable port."""
-    p = load_profile(profile)
-    return _run_on_device("probe-edge/probe-edge", device, {"profile": profile, "version": version}, p.rollout)
+    return _run_on_device("probe-edge/probe-edge", device, {"profile": profile, "version": version}, cfg)
 
 
 @task(task_run_name="observe {seconds:.0f} s: {devices} vs {old}")
-def observe_window(profile: str, devices: list[str], old: list[str], seconds: float) -> dict:
+def observe_window(cfg: RolloutConfig, devices: list[str], old: list[str], seconds: float) -> dict:
     """Wait out the window, then read the wave's Prometheus series against the old-version devices'."""
     from edgeflow.fleet.watch import observe
 
-    cfg = load_profile(profile).rollout
     start = time.time()
     time.sleep(seconds)
     return observe(cfg, devices, old, start, time.time()).model_dump()
 
 
 @task(task_run_name="check devices online: {devices}")
-def check_online(profile: str, devices: list[str]) -> list[str]:
+def check_online(pool: str, devices: list[str]) -> list[str]:
     """Breaches for wave devices whose worker stopped heartbeating (a device that vanished mid-rollout)."""
     from edgeflow.fleet.inventory import worker_status
 
-    status = worker_status(load_profile(profile).rollout.pool)
+    status = worker_status(pool)
     return [f"{d}: vanished mid-rollout ({status.get(d, 'no worker registered')}) (check: device online)"
             for d in devices if status.get(d) != "online"]
 
 
 @flow(name="rollout-wave", flow_run_name="wave {index}: {devices}", log_prints=True)
-def rollout_wave(profile: str, index: int, devices: list[str], old: list[str], version: str) -> dict:
+def rollout_wave(profile: str, index: int, devices: list[str], old: list[str], version: str,
+                 cfg: RolloutConfig | None = None) -> dict:
     """One wave: deploy, probe, observe, verdict. Returns {"breaches": [...], "probes": [...], "watch": {...}, "skipped": {...}}.
 
     A device whose fingerprint cannot run the shipped engine, on a profile with deploy.build_on_device: false, is
-    skipped with its reason (it keeps its version); with build_on_device: true it builds its own engine."""
-    p = load_profile(profile)
-    breaches = check_online(profile, devices)
+    skipped with its reason (it keeps its version); with build_on_device: true it builds its own engine. `cfg`: the
+    rollout settings as the rollout read them (None, run on its own: read from `profile`)."""
+    cfg = cfg if cfg is not None else load_profile(profile).rollout
+    breaches = check_online(cfg.pool, devices)
     if breaches:
         return verdict_artifact(index, version, {"breaches": breaches, "probes": [], "watch": None})
-    futures = {d: deploy_device.submit(profile, d, version, f"rollout wave {index}") for d in devices}
+    futures = {d: deploy_device.submit(profile, d, version, f"rollout wave {index}", cfg) for d in devices}
     skipped = {}
     for d, f in futures.items():
         try:
@@ -133,18 +134,18 @@ def rollout_wave(profile: str, index: int, devices: list[str], old: list[str], v
     probes = []
     for d in devices:
         try:
-            probes.append(probe_device(profile, d, version))
+            probes.append(probe_device(profile, d, version, cfg))
         except Exception as e:
             breaches.append(f"{d}: on-device probe failed: {e} (check: probe)")
     breaches += [f"{r['device']}: {r['reason']} (check: probe)" for r in probes if not r["passed"]]
     if breaches:
         return verdict_artifact(index, version, {"breaches": breaches, "probes": probes, "watch": None, "skipped": skipped})
     try:
-        watch = observe_window(profile, devices, old, p.rollout.observe_s)
+        watch = observe_window(cfg, devices, old, cfg.observe_s)
     except Exception as e:  # Prometheus unreachable or erroring: fail closed
         return verdict_artifact(index, version, {"breaches": [f"{', '.join(devices)}: {e} (check: Prometheus)"],
                                                  "probes": probes, "watch": None, "skipped": skipped})
-    breaches += watch["breaches"] + check_online(profile, devices)
+    breaches += watch["breaches"] + check_online(cfg.pool, devices)
     print(f"wave {index} {devices}: {'PASSED' if not breaches else 'BREACHED'}; window {watch['window']}; "
           + "; ".join(breaches + watch["notes"]))
     return verdict_artifact(index, version, {"breaches": breaches, "probes": probes, "watch": watch, "skipped": skipped})
@@ -172,7 +173,7 @@ def verdict_artifact(index: int, version: str, verdict: dict) -> dict:
 
 
 @task
-def plan(profile: str, version: str | None, alias: str, flow_run_id: str) -> dict:
+def plan(p: Profile, version: str | None, alias: str, flow_run_id: str) -> dict:
     """The candidate, the targeted online devices in waves, what each serves now; or the persisted state of this run."""
     from edgeflow.fleet.inventory import read_inventory, worker_status
     from edgeflow.fleet.rollout import RolloutState, WaveState, find_state, plan_waves, start_state, targeted
@@ -183,7 +184,6 @@ def plan(profile: str, version: str | None, alias: str, flow_run_id: str) -> dic
         print(f"resuming rollout of v{found.version} ({found.status}); waves: " +
               ", ".join(f"{w.index} {w.devices} {w.status}" for w in found.waves))
         return found.model_dump()
-    p = load_profile(profile)
     from edgeflow.pipeline.locks import pool_of, refuse_if_running
 
     # one rollout per fleet: a second one would switch the same devices back and forth
@@ -217,7 +217,8 @@ def rollout(profile: str, version: str | None = None, alias: str = "staging") ->
     """A version (or the alias's) over the targeted devices, wave by wave; `production` moves only if all hold."""
     from prefect.runtime import flow_run
 
-    state = plan(profile, version, alias, flow_run.get_id() or "local")
+    p = load_profile(profile)  # once: every wave and every device step below takes it from here
+    state = plan(p, version, alias, flow_run.get_id() or "local")
     if state["status"] == "rolled_back":
         raise RolloutBreach(f"this rollout was already rolled back: {state['reason']}; start a new rollout")
     version = state["version"]
@@ -229,12 +230,12 @@ def rollout(profile: str, version: str | None = None, alias: str = "staging") ->
         save(state, wave["index"])
         switched = {d for w in state["waves"] if w["index"] < wave["index"] for d in w["devices"]} | set(wave["devices"])
         old = [d for w in state["waves"] for d in w["devices"] if d not in switched]
-        verdict = rollout_wave(profile, wave["index"], wave["devices"], old, version)
+        verdict = rollout_wave(profile, wave["index"], wave["devices"], old, version, p.rollout)
         wave.update(probes=verdict["probes"], watch=verdict["watch"], breaches=verdict["breaches"], skipped=verdict.get("skipped", {}),
                     window=(verdict["watch"] or {}).get("window"), status="breached" if verdict["breaches"] else "passed")
         save(state, wave["index"])
         if verdict["breaches"]:
-            roll_back(profile, state, wave["index"])
+            roll_back(profile, p.rollout, state, wave["index"])
             save(state)
             raise RolloutBreach(state["reason"])
     from edgeflow.pipeline.promote import promote
@@ -250,7 +251,7 @@ def rollout(profile: str, version: str | None = None, alias: str = "staging") ->
     return state
 
 
-def roll_back(profile: str, state: dict, failed: int) -> None:
+def roll_back(profile: str, cfg: RolloutConfig, state: dict, failed: int) -> None:
     """Every device this rollout touched, up to the failed wave, back to the version it served before."""
     breach = "; ".join(state["waves"][failed]["breaches"])
     for w in state["waves"][: failed + 1]:
@@ -260,7 +261,7 @@ def roll_back(profile: str, state: dict, failed: int) -> None:
                 state["rolled_back"][d] = f"left as is (served {prev or 'nothing'} before the rollout)"
                 continue
             try:
-                deploy_device(profile, d, str(prev), f"rollback of v{state['version']} after wave {failed}: {breach}"[:3900])
+                deploy_device(profile, d, str(prev), f"rollback of v{state['version']} after wave {failed}: {breach}"[:3900], cfg)
                 state["rolled_back"][d] = str(prev)
             except Exception as e:
                 state["rolled_back"][d] = f"rollback FAILED: {e}"
