@@ -8,7 +8,7 @@ stages (py-spy of the release process; 2-core AMD EPYC, AVX2; BENCHMARKS.md#stag
 
 For a run nested in another (an inline stage, or a pool-placed stage, which the release links as its subflow) the
 thread is no longer joined: it sees the stop at its next step and returns without sending. Its run's final state is
-set by then either way. A top-level run (the release itself, `python -m flows.x`) still joins, so that no heartbeat
+set by then either way. A top-level run (the release itself, `python -m edgeflow.pipeline.x`) still joins, so that no heartbeat
 is in flight while its process exits.
 """
 from __future__ import annotations
