@@ -17,23 +17,20 @@ from edgeflow.pipeline import quantize as quantize_stage
 from edgeflow.pipeline.build_engine import build_engine
 from edgeflow.pipeline.stages import run_stage
 from edgeflow.tracking.artifacts import ArtifactRef
+from edgeflow.profile import Profile
 from edgeflow.tracking.runs import ReleaseContext, open_release_run
 
 
 @task
-def open_release(profile: str, settings: dict | None = None) -> ReleaseContext:
-    """Create (or, on a retry of the same flow run, reuse) the MLflow parent run of this release, resolve the
-    profile once and publish every file it names to that run, so stages on other hosts read them from the store.
-    `settings`: a profile derived from the one at `profile` (the nightly's, its calibration source swapped), validated
-    and preflighted here instead of reading `profile` again. Another release or nightly of the same model that is
-    already running refuses this one first (edgeflow/pipeline/locks.py)."""
+def open_release(profile: str, p: Profile) -> ReleaseContext:
+    """Create (or, on a retry of the same flow run, reuse) the MLflow parent run of this release for `p`, the profile
+    its entry point read from `profile` and preflighted (or derived from it: the nightly's), and publish every file it
+    names to that run, so stages on other hosts read them from the store. Another release or nightly of the same
+    model that is already running refuses this one first (edgeflow/pipeline/locks.py)."""
     from edgeflow.pipeline.locks import model_of, refuse_if_running
-    from edgeflow.preflight import load_profile, preflight
-    from edgeflow.profile import Profile
 
-    refuse_if_running("release", ["release", "nightly-recalibration"], model_of({"profile": profile}), model_of,
+    refuse_if_running("release", ["release", "nightly-recalibration"], p.registry.model_name, model_of,
                       flow_run.get_id())
-    p = preflight(Profile.model_validate(settings)) if settings is not None else load_profile(profile)
     return open_release_run(profile, p, flow_run.get_id())
 
 

@@ -20,7 +20,7 @@ from edgeflow.pipeline.chain import open_release, quantize_and_gate, run_deploy_
 from edgeflow.pipeline.register import register, stage_calls as register_calls
 from edgeflow.pipeline.stages import check_placement, run_stage
 from edgeflow.tracking.artifacts import ArtifactRef
-from edgeflow.preflight import load_profile
+from edgeflow.preflight import load_profile, preflight
 from edgeflow.calibration.nightly import Traffic, beats, collect_traffic, derive_profile, parse_time
 from edgeflow.tracking.runs import tracking_uri
 
@@ -110,7 +110,7 @@ def nightly_recalibration(
     traffic = gather_traffic(profile, logs_dir, until, base["student"])
     if traffic.skipped:
         return write_night_report(profile, {"status": "skipped", "reason": traffic.skipped, "traffic": traffic.model_dump()})
-    ctx = open_release(profile, settings=derive_profile(p, Path(traffic.snapshot)).settings())
+    ctx = open_release(profile, preflight(derive_profile(p, Path(traffic.snapshot))))
     gate_report, calibration, attempts = quantize_and_gate(ctx, base["student"])
     registry = run_stage(ctx, "register", register, calls=register_calls, gate_report=gate_report,
                          lineage={"teacher": base["teacher"], "student": base["student"], "calibration": calibration})

@@ -67,8 +67,9 @@ def release(profile: str = "configs/demo-cpu.yaml", deploy: Literal["pool", "inl
     """The whole chain on one profile; returns the report."""
     from edgeflow.evaluation.student_gate import rejection_message
 
-    check_placement(load_profile(profile).placement)  # a bad profile or placement fails before anything runs
-    ctx = open_release(profile)
+    p = load_profile(profile)  # read and preflighted once; the release's stages get it through ctx.settings
+    check_placement(p.placement)  # a bad profile or placement fails before anything runs
+    ctx = open_release(profile, p)
     student = run_stage(ctx, "distill", distill)
     # the student against the teacher first: a student not worth serving costs no quantization; its own answers
     # come with the first gate attempt (the FP row), and quantize_and_gate stops recalibrating when they fail
