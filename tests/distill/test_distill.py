@@ -561,7 +561,7 @@ def test_train_student_logs_each_term_per_step_to_mlflow(tiny_smol, mlflow_track
         "registry": {"model_name": "distill-test", "experiment": "distill-test-releases"},
     }))
     profile = load_profile(profile_path)
-    ctx = open_release.fn(str(profile_path))
+    ctx = open_release.fn(str(profile_path), profile)
     teacher = ensure_teacher(profile)
     # the training file and the eval files as the release published them to its run (what the flow hands the task)
     corpora = [ctx.input(c) for c in profile.distill.corpora]

@@ -181,7 +181,7 @@ def make_release(mlflow_server, tiny_llama, calibration_rows, stage_results, mlf
             "deploy": {"install_dir": str(root / "device")},
         }))
         profile = load_profile(profile_path)
-        ctx = open_release.fn(str(profile_path))
+        ctx = open_release.fn(str(profile_path), profile)
         teacher_dir = root / "teacher"
         teacher_dir.mkdir()
         (teacher_dir / "model.safetensors").write_bytes(os.urandom(256))
