@@ -366,7 +366,7 @@ def up(home: Path, env: dict[str, str] | None = None) -> list[tuple[str, str]]:
 # The paging drill
 # --------------------------------------------------------------------------------------------
 
-def free_port() -> int:
+def _free_port() -> int:
     import socket
 
     with socket.socket() as s:
@@ -412,8 +412,8 @@ def page_drill(engine_dir: Path, work: Path, model_name: str = "edge", echo: boo
     import httpx
 
     work.mkdir(parents=True, exist_ok=True)
-    ports = Ports(prometheus=free_port(), alertmanager=free_port(), blackbox=free_port(), sink=free_port())
-    port = free_port()
+    ports = Ports(prometheus=_free_port(), alertmanager=_free_port(), blackbox=_free_port(), sink=_free_port())
+    port = _free_port()
     url = f"http://127.0.0.1:{port}"
     sink = AlertSink(ports.sink, work / "alerts.jsonl", echo=echo).start()
     stall_after = 12.0  # the engine wedges this long after it is ready: the stack has seen it healthy first
