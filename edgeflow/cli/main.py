@@ -52,7 +52,7 @@ COMMANDS: dict[str, Command] = {
                         "edgeflow rollback --profile configs/demo-cpu.yaml", ("--rollback",), profile=True, services=True),
     "rollout": Command("edgeflow.pipeline.rollout", "roll a version over the fleet in watched waves",
                        "edgeflow rollout --profile configs/test-multihost.yaml --version 2", profile=True, services=True),
-    "fleet": Command("edgeflow.fleet", "the registered devices (list, targets, show, register, worker)", "edgeflow fleet list",
+    "fleet": Command("edgeflow.cli.fleet", "the registered devices (list, targets, show, register, worker)", "edgeflow fleet list",
                      services=True),
     "follow": Command("edgeflow.pipeline.progress", "follow a flow run's stages and progress bars until it ends",
                       "edgeflow follow 463cb435-858f-4cec-ba4e-2cbd20398b5d", services=True),

@@ -41,7 +41,7 @@ import httpx
 import yaml
 
 from edgeflow.profile import Profile
-from edgeflow.device.identity import load_device_profile
+from edgeflow.device.identity import DeviceConfig, load_for_device
 
 EXIT_SERVING, EXIT_FAILED, EXIT_CONFIG, EXIT_PACKAGE = 0, 1, 2, 3
 
@@ -138,7 +138,7 @@ def _wait_for_proxy(profile: Profile, seconds: float) -> None:
             time.sleep(0.5)
 
 
-def boot(profile: Profile, wait_proxy_s: float = 0) -> str:
+def boot(profile: Profile, device: DeviceConfig | None, wait_proxy_s: float = 0) -> str:
     """Serve state.json's current version again (module docstring); returns what was done, raises BootError."""
     from edgeflow.device.health import smoke_chat, wait_healthy
     from edgeflow.device.keys import client_headers
@@ -179,7 +179,7 @@ def boot(profile: Profile, wait_proxy_s: float = 0) -> str:
         raise BootError(str(e), EXIT_CONFIG) from None
     except RuntimeError as e:
         raise BootError(f"the proxy on port {profile.deploy.port} did not come up: {e}", EXIT_FAILED) from None
-    pid = start_server(profile, engine, version, port)
+    pid = start_server(profile, engine, version, port, device)
     log = profile.work / "logs" / f"edge-server-{port}.log"
     headers = client_headers(profile)
     try:
@@ -220,12 +220,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="wait this long for a proxy another supervisor starts (systemd) before starting one")
     a = ap.parse_args(argv)
     try:
-        profile = load_device_profile(a.profile)
+        profile, device = load_for_device(a.profile)
     except (OSError, ValueError, yaml.YAMLError) as e:
         print(f"boot: {e}", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        print(f"boot: {boot(profile, a.wait_proxy_s)}")
+        print(f"boot: {boot(profile, device, a.wait_proxy_s)}")
     except BootError as e:
         print(f"boot: {e}", file=sys.stderr)
         return e.code

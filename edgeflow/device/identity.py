@@ -128,9 +128,9 @@ def load_device(path: Path | None = None, required: bool = False) -> DeviceConfi
         raise ValueError(f"device config {path}: {problems} (fields: {sorted(DeviceConfig.model_fields)})") from None
 
 
-def device_profile(profile: Profile, device: DeviceConfig | None = None) -> Profile:
-    """The profile as this device applies it: its `deploy` block overridden by the device's own settings."""
-    device = device if device is not None else load_device()
+def device_profile(profile: Profile, device: DeviceConfig | None) -> Profile:
+    """The profile as this device applies it: its `deploy` block overridden by the device's own settings (`device`:
+    this host's config, None on a host without one)."""
     if device is None or not device.deploy:
         return profile
     merged = profile.deploy.model_dump(exclude_unset=True) | device.deploy
@@ -141,14 +141,11 @@ def device_profile(profile: Profile, device: DeviceConfig | None = None) -> Prof
     return profile.model_copy(update={"deploy": deploy})
 
 
-def load_device_profile(path: str | Path) -> Profile:
-    """load_profile(path), as this device applies it (device_profile)."""
+def load_for_device(path: str | Path) -> tuple[Profile, DeviceConfig | None]:
+    """An entry point's one read on a device: the profile at `path` (load_profile: read, validated, preflighted) as this
+    host's device applies it, and this host's device config (None without one). The device agent's modules are handed
+    both and read neither again."""
     from edgeflow.preflight import load_profile
 
-    return device_profile(load_profile(path))
-
-
-def device_id() -> str | None:
-    """This host's device id, or None without a device config."""
-    d = load_device()
-    return d.id if d else None
+    device = load_device()
+    return device_profile(load_profile(path), device), device

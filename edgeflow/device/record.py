@@ -5,12 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from edgeflow.device.fetch import package_sha256
+from edgeflow.device.identity import DeviceConfig
 from edgeflow.device.state import device_dir
 from edgeflow.profile import Profile
 
 
-def record_deployment(profile: Profile, alias: str, outcome: dict, package: Path | None = None) -> str:
-    """One run per deployment attempt in the `edgeflow-deployments` MLflow experiment; FAILED ones say why.
+def record_deployment(profile: Profile, alias: str, outcome: dict, package: Path | None = None,
+                      device: DeviceConfig | None = None) -> str:
+    """One run per deployment attempt in the `edgeflow-deployments` MLflow experiment; FAILED ones say why, and the
+    device it was (`device`: this host's config, None on a host without one) tags it.
 
     `package`: the installed package directory, once fetched and verified; its tree hash (from its manifest) is
     tagged `edgeflow.package_sha256`, the hash the registered version carries, so the promotion check can tell
@@ -19,7 +22,6 @@ def record_deployment(profile: Profile, alias: str, outcome: dict, package: Path
     from mlflow import MlflowClient
 
     from edgeflow.tracking.registry import PACKAGE_SHA256_TAG
-    from edgeflow.device.identity import device_id
     from edgeflow.tracking.runs import DEPLOYMENTS_EXPERIMENT, experiment_id, tracking_uri
 
     c = MlflowClient(tracking_uri())
@@ -29,7 +31,7 @@ def record_deployment(profile: Profile, alias: str, outcome: dict, package: Path
         "edgeflow.alias": alias,
         "edgeflow.version": str(outcome.get("version", "")),
         "edgeflow.device_dir": str(device_dir(profile)),
-        "edgeflow.device_id": device_id() or "",
+        "edgeflow.device_id": device.id if device else "",
         "edgeflow.reason": str(outcome.get("reason", ""))[:4000],
         "edgeflow.prefect_flow_run_id": str(outcome.get("prefect_flow_run_id") or ""),
         "edgeflow.error": str(outcome.get("error", ""))[:4000],

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from edgeflow.device.health import smoke_chat, wait_healthy
+from edgeflow.device.identity import DeviceConfig
 from edgeflow.device.keys import client_headers
 from edgeflow.device.state import access_log_path, run_dir, side_port
 from edgeflow.ops.processes import read_pid, spawn_detached, stop_group, stop_groups
@@ -31,17 +32,15 @@ def stop_device(profile: Profile) -> list[str]:
     return stopped
 
 
-def start_server(profile: Profile, engine_dir: Path, version: str, port: int) -> int:
-    """Start an edge server on `port`, detached; a stale server of ours on that port is stopped first."""
+def start_server(profile: Profile, engine_dir: Path, version: str, port: int, device: DeviceConfig | None) -> int:
+    """Start an edge server on `port`, detached; a stale server of ours on that port is stopped first. `device`: this
+    host's config, whose chaos-test `faults` for `version` the server is started with."""
     name = f"edge-server-{port}"
     stale = run_dir(profile) / f"{name}.pid"
     if stale.exists():
         stop_group(read_pid(stale))
     access_log = access_log_path(profile)
     access_log.parent.mkdir(parents=True, exist_ok=True)
-    from edgeflow.device.identity import load_device
-
-    device = load_device()
     faults = (device.faults.get(str(version), {}) if device else {})  # chaos testing only (device.yaml `faults`)
     # Under the supervisor: a server its watchdog ends (engine stalled) or that crashes comes back on
     # the same port; a bad engine or bad settings (exit 2) ends the supervisor at once, failing the deploy.
@@ -62,13 +61,14 @@ def start_server(profile: Profile, engine_dir: Path, version: str, port: int) ->
     ])
 
 
-def start_candidate(profile: Profile, engine_dir: Path, version: str, package: Path) -> dict:
+def start_candidate(profile: Profile, engine_dir: Path, version: str, package: Path,
+                    device: DeviceConfig | None) -> dict:
     """Start the new version on the free side port, wait for a healthy deep probe, send a smoke chat.
 
     On any failure the candidate is stopped and the error re-raised: the serving version is untouched.
     """
     port = side_port(profile)
-    pid = start_server(profile, engine_dir, version, port)
+    pid = start_server(profile, engine_dir, version, port, device)
     url = f"http://127.0.0.1:{port}"
     try:
         headers = client_headers(profile)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from prefect import flow, task
 
+from edgeflow.device.identity import DeviceConfig, load_for_device  # the profile as this device applies it, and its config
 from edgeflow.profile import Profile
-from edgeflow.device.identity import load_device_profile  # the profile with this device's deploy settings (device.yaml)
 
 
 @task
@@ -51,11 +51,11 @@ def bind_engine(target: Profile, package: str) -> tuple[str, str]:
 
 
 @task
-def start_candidate(target: Profile, engine: str, version: str, package: str) -> dict:
+def start_candidate(target: Profile, device: DeviceConfig | None, engine: str, version: str, package: str) -> dict:
     """Start the new version on the free side port and health-gate it (deep /health + a smoke chat)."""
     from edgeflow.device.spawn import start_candidate as start
 
-    return start(target, Path(engine), version, Path(package))
+    return start(target, Path(engine), version, Path(package), device)
 
 
 @task
@@ -69,22 +69,20 @@ def switch_traffic(target: Profile, candidate: dict) -> dict:
 
 
 @task
-def record(target: Profile, alias: str, outcome: dict, package: str | None = None) -> None:
+def record(target: Profile, device: DeviceConfig | None, alias: str, outcome: dict, package: str | None = None) -> None:
     """Log the deployment (succeeded or failed, and why) as a run of the MLflow `edgeflow-deployments` experiment,
     tagged with the hash of the package it installed (`package`, once fetched)."""
     from edgeflow.device.record import record_deployment
 
-    record_deployment(target, alias, outcome, Path(package) if package else None)
-    refresh_inventory(target)
+    record_deployment(target, alias, outcome, Path(package) if package else None, device)
+    refresh_inventory(target, device)
 
 
-def refresh_inventory(target: Profile) -> None:
+def refresh_inventory(target: Profile, device: DeviceConfig | None) -> None:
     """A registered device's inventory record says what it serves now (python -m edgeflow.fleet list). A record that
     cannot be written leaves the deploy's outcome as it is (the device serves what it serves); it says so instead."""
-    from edgeflow.device.identity import load_device
-    from edgeflow.fleet.inventory import update_serving
+    from edgeflow.pipeline.inventory_store import update_serving
 
-    device = load_device()
     if device is None:
         return
     try:
@@ -98,12 +96,18 @@ def deploy_edge(profile: str, alias: str = "staging", force: bool = False, versi
                 reason: str = "") -> dict:
     """Registered version in (the alias's, or `version`), a healthy server behind the stable port out (or the old
     one, untouched). `reason` is recorded with the deployment (a rollout names its wave, a rollback its breach)."""
+    target, device = load_for_device(profile)  # once: handed to each step
+    return deploy_on_device(target, device, alias, force, version, reason)
+
+
+def deploy_on_device(target: Profile, device: DeviceConfig | None, alias: str, force: bool = False,
+                     version: str | None = None, reason: str = "") -> dict:
+    """deploy-edge's steps, on the profile as this device applies it (`target`) and this host's config (`device`)."""
     from prefect.runtime import flow_run
 
     from edgeflow.device.keys import check_exposure
     from edgeflow.device.proxy import public_url
 
-    target = load_device_profile(profile)  # once: the profile with this device's deploy settings, handed to each step
     outcome: dict = {"alias": alias, "prefect_flow_run_id": flow_run.get_id(), "reason": reason}
     package = None
     try:
@@ -116,19 +120,19 @@ def deploy_edge(profile: str, alias: str = "staging", force: bool = False, versi
             result = {"url": public_url(target), "version": version, "unchanged": True,
                       "engine_binding": f"already serving version {version} on port {serving['port']} (healthy)",
                       "smoke_answer": serving["smoke_answer"], "health": serving["health"], "side_port": serving["port"]}
-            record(target, alias, outcome | {"status": "FINISHED"} | result, package)
+            record(target, device, alias, outcome | {"status": "FINISHED"} | result, package)
             return result | {"alias": alias}
         engine, how = bind_engine(target, package)
-        candidate = start_candidate(target, engine, version, package)
+        candidate = start_candidate(target, device, engine, version, package)
         switched = switch_traffic(target, candidate)
     except Exception as e:
-        record(target, alias, outcome | {"status": "FAILED", "error": f"{type(e).__name__}: {e}"}, package)
+        record(target, device, alias, outcome | {"status": "FAILED", "error": f"{type(e).__name__}: {e}"}, package)
         raise
     result = {
         "url": public_url(target), "version": version, "engine_binding": how,
         "smoke_answer": candidate["smoke_answer"], "health": candidate["health"], "side_port": candidate["port"],
     } | switched
-    record(target, alias, outcome | {"status": "FINISHED"} | result, package)
+    record(target, device, alias, outcome | {"status": "FINISHED"} | result, package)
     return result | {"alias": alias}
 
 
@@ -139,13 +143,13 @@ def rollback_edge(profile: str) -> dict:
     from edgeflow.device.proxy import public_url
     from edgeflow.device.state import previous_deployment
 
-    target = load_device_profile(profile)
+    target, device = load_for_device(profile)
     prev = previous_deployment(target)
     verify_manifest(Path(prev["package"]))  # the old files are still what was verified at the time
-    candidate = start_candidate(target, prev["engine"], prev["version"], prev["package"])
+    candidate = start_candidate(target, device, prev["engine"], prev["version"], prev["package"])
     switched = switch_traffic(target, candidate)
     result = {"url": public_url(target), "version": prev["version"], "smoke_answer": candidate["smoke_answer"]} | switched
-    record(target, "rollback", {"status": "FINISHED"} | result, prev["package"])
+    record(target, device, "rollback", {"status": "FINISHED"} | result, prev["package"])
     return result
 
 
@@ -156,11 +160,13 @@ def reconcile_edge(profile: str) -> dict:
     from edgeflow.device.reconcile import decide
     from edgeflow.pipeline.locks import active_rollouts
 
-    decision = decide(load_device_profile(profile), active_rollouts())
+    target, device = load_for_device(profile)
+    decision = decide(target, active_rollouts())
     print(f"reconcile: {decision.action}: {decision.reason}")
     out = decision.model_dump()
     if decision.action == "deploy":
-        out["deployed"] = deploy_edge(profile, "production", version=decision.intended, reason=f"reconcile: {decision.reason}")
+        out["deployed"] = deploy_on_device(target, device, "production", version=decision.intended,
+                                           reason=f"reconcile: {decision.reason}")
     return out
 
 

@@ -19,6 +19,7 @@ from prefect import flow, task
 from edgeflow.pipeline.chain import open_release, quantize_and_gate, run_deploy_on_pool
 from edgeflow.pipeline.register import register, stage_calls as register_calls
 from edgeflow.pipeline.stages import check_placement, run_stage
+from edgeflow.profile import Profile
 from edgeflow.tracking.artifacts import ArtifactRef
 from edgeflow.preflight import load_profile, preflight
 from edgeflow.calibration.nightly import Traffic, beats, collect_traffic, derive_profile, parse_time
@@ -26,7 +27,7 @@ from edgeflow.tracking.runs import tracking_uri
 
 
 @task
-def gather_traffic(profile: str, logs_dir: str | None, until: str | None, student: ArtifactRef) -> Traffic:
+def gather_traffic(p: Profile, logs_dir: str | None, until: str | None, student: ArtifactRef) -> Traffic:
     """Clean the last window of access logs into a snapshot, or say why the night is skipped.
 
     The logs are the segments the devices shipped to the artifact store (`nightly.logs_source: store`, fetched and
@@ -39,7 +40,6 @@ def gather_traffic(profile: str, logs_dir: str | None, until: str | None, studen
     from edgeflow.device.logship import fetch_segments
     from edgeflow.tracking.store import materialize
 
-    p = load_profile(profile)
     end = parse_time(until)
     tok = AutoTokenizer.from_pretrained(materialize(student))
     evals = eval_texts({d: p.resolve(s) for d, s in p.gate.eval_sources.items()}, p.gate.num_prompts, tok)
@@ -54,13 +54,12 @@ def gather_traffic(profile: str, logs_dir: str | None, until: str | None, studen
 
 
 @task
-def base_student(profile: str) -> dict:
+def base_student(p: Profile) -> dict:
     """The version behind `nightly.base_alias` (else `staging`) and the student it was quantized from."""
     from mlflow import MlflowClient
 
     from edgeflow.tracking.registry import alias_version, gate_figures, load_run_json, split_runs_uri
 
-    p = load_profile(profile)
     c = MlflowClient(tracking_uri())
     name = p.registry.model_name
     for alias in dict.fromkeys([p.nightly.base_alias, "staging"]):
@@ -85,12 +84,11 @@ def base_student(profile: str) -> dict:
 
 
 @task
-def write_night_report(profile: str, report: dict) -> dict:
+def write_night_report(profile: str, p: Profile, report: dict) -> dict:
     """Save the night's report as reports/nightly-<stamp>.json and .md and log it to MLflow (edgeflow/tracking/report.py)."""
-    from edgeflow.preflight import load_profile
     from edgeflow.tracking.report import write_nightly_report
 
-    return write_nightly_report(profile, load_profile(profile), report)
+    return write_nightly_report(profile, p, report)
 
 
 @flow(name="nightly-recalibration", log_prints=True)
@@ -102,14 +100,14 @@ def nightly_recalibration(
 ) -> dict:
     """Access logs of the last window in (the devices' shipped segments, or `logs_dir`); a new staging version (or a
     'skipped' report) out."""
-    p = load_profile(profile)
+    p = load_profile(profile)  # read and preflighted once: every step below is handed it (or the night's derived one)
     check_placement(p.placement)  # before any compute
-    base = base_student(profile)
+    base = base_student(p)
     if base.get("skipped"):
-        return write_night_report(profile, {"status": "skipped", "reason": base["skipped"]})
-    traffic = gather_traffic(profile, logs_dir, until, base["student"])
+        return write_night_report(profile, p, {"status": "skipped", "reason": base["skipped"]})
+    traffic = gather_traffic(p, logs_dir, until, base["student"])
     if traffic.skipped:
-        return write_night_report(profile, {"status": "skipped", "reason": traffic.skipped, "traffic": traffic.model_dump()})
+        return write_night_report(profile, p, {"status": "skipped", "reason": traffic.skipped, "traffic": traffic.model_dump()})
     ctx = open_release(profile, preflight(derive_profile(p, Path(traffic.snapshot))))
     gate_report, calibration, attempts = quantize_and_gate(ctx, base["student"])
     registry = run_stage(ctx, "register", register, calls=register_calls, gate_report=gate_report,
@@ -120,17 +118,17 @@ def nightly_recalibration(
               "staging": registry["staging"] and f"version {registry['staging_version']} ({registry['staging']})",
               "reason": registry["why_no_staging"]}
     if registry["staging"] and p.nightly.auto_promote:
-        report |= promote_if_better(profile, registry, base, deploy)
-    return write_night_report(profile, report)
+        report |= promote_if_better(profile, p, registry, base, deploy)
+    return write_night_report(profile, p, report)
 
 
-def promote_if_better(profile: str, registry: dict, base: dict, deploy: str) -> dict:
-    """Deploy the new staging version and move `production` to it, if it beats production on the gate."""
+def promote_if_better(profile: str, p: Profile, registry: dict, base: dict, deploy: str) -> dict:
+    """Deploy the new staging version and move `production` to it, if it beats production on the gate. `profile`: the
+    path the devices' deploy-edge runs read (a deployment's parameter); `p`: what this night read from it."""
     from mlflow import MlflowClient
 
     from edgeflow.tracking.registry import gate_figures
 
-    p = load_profile(profile)
     c = MlflowClient(tracking_uri())
     mv = c.get_model_version(p.registry.model_name, registry["staging_version"])
     new = gate_figures(mv)

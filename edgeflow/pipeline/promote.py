@@ -16,21 +16,21 @@ from edgeflow.preflight import load_profile
 
 
 @task
-def move_alias(profile: str, version: str | None, to: Literal["staging", "production"], reason: str) -> dict:
+def move_alias(model_name: str, version: str | None, to: Literal["staging", "production"], reason: str) -> dict:
     """Check the version and move the alias, mirrored to legacy stages and recorded in `edgeflow-promotions`."""
     from edgeflow.tracking.promotion import promote as promote_version
     from edgeflow.tracking.registry import client
 
-    return promote_version(client(), load_profile(profile).registry.model_name, version, to, reason).model_dump()
+    return promote_version(client(), model_name, version, to, reason).model_dump()
 
 
 @task
-def swap_back(profile: str, reason: str) -> dict:
+def swap_back(model_name: str, reason: str) -> dict:
     """Point `production` at `previous` and `previous` at the version that was production."""
     from edgeflow.tracking.promotion import rollback
     from edgeflow.tracking.registry import client
 
-    return rollback(client(), load_profile(profile).registry.model_name, reason).model_dump()
+    return rollback(client(), model_name, reason).model_dump()
 
 
 @flow(name="promote", log_prints=True)
@@ -38,7 +38,7 @@ def promote(
     profile: str, version: str | None = None, to: Literal["staging", "production"] = "staging", reason: str = ""
 ) -> dict:
     """Move a registered version up one step (staging: gate passed; production: also deployed), or refuse saying why."""
-    move = move_alias(profile, version, to, reason)
+    move = move_alias(load_profile(profile).registry.model_name, version, to, reason)  # the profile read once
     print(f"{move['model_name']}: `{to}` -> version {move['version']} (was {move['from_version'] or 'unset'}); "
           + "; ".join(move["checks"]))
     return move
@@ -50,7 +50,7 @@ def rollback_production(profile: str, deploy: Literal["pool", "inline", "none"] 
     from edgeflow.pipeline.deploy_edge import deploy_edge
     from edgeflow.pipeline.chain import run_deploy_on_pool
 
-    move = swap_back(profile, reason)
+    move = swap_back(load_profile(profile).registry.model_name, reason)  # read once; deploy-edge reads its own
     print(f"{move['model_name']}: `production` -> version {move['version']} (was {move['from_version']})")
     try:
         # Same choice as the release: the orin pool's worker (pool), this process (inline) or registry only (none).

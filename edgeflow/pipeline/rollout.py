@@ -96,7 +96,7 @@ def observe_window(cfg: RolloutConfig, devices: list[str], old: list[str], secon
 @task(task_run_name="check devices online: {devices}")
 def check_online(pool: str, devices: list[str]) -> list[str]:
     """Breaches for wave devices whose worker stopped heartbeating (a device that vanished mid-rollout)."""
-    from edgeflow.fleet.inventory import worker_status
+    from edgeflow.pipeline.inventory_store import worker_status
 
     status = worker_status(pool)
     return [f"{d}: vanished mid-rollout ({status.get(d, 'no worker registered')}) (check: device online)"
@@ -175,7 +175,7 @@ def verdict_artifact(index: int, version: str, verdict: dict) -> dict:
 @task
 def plan(p: Profile, version: str | None, alias: str, flow_run_id: str) -> dict:
     """The candidate, the targeted online devices in waves, what each serves now; or the persisted state of this run."""
-    from edgeflow.fleet.inventory import read_inventory, worker_status
+    from edgeflow.pipeline.inventory_store import read_inventory, worker_status
     from edgeflow.fleet.rollout import RolloutState, WaveState, find_state, plan_waves, start_state, targeted
     from edgeflow.tracking.registry import alias_version, client
 
@@ -274,10 +274,11 @@ def roll_back(profile: str, cfg: RolloutConfig, state: dict, failed: int) -> Non
 @flow(name="probe-edge", log_prints=True)
 def probe_edge(profile: str, version: str) -> dict:
     """On the device: the gate's greedy prompts through its stable port, against the gate's figure for `version`."""
-    from edgeflow.device.identity import device_id, load_device_profile
+    from edgeflow.device.identity import load_for_device
     from edgeflow.device.probe import run_probe
 
-    result = run_probe(load_device_profile(profile), version, device_id())
+    target, device = load_for_device(profile)
+    result = run_probe(target, version, device.id if device else None)
     print(result.reason)
     return result.model_dump()
 

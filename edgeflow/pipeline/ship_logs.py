@@ -13,16 +13,16 @@ import argparse
 
 from prefect import flow, task
 
+from edgeflow.device.identity import DeviceConfig
+from edgeflow.profile import Profile
+
 
 @task
-def ship(profile: str) -> dict:
+def ship(target: Profile, device: DeviceConfig) -> dict:
     """Ship this device's rotated segments and mark them; returns the ShipReport as a dict."""
-    from edgeflow.preflight import load_profile
-    from edgeflow.device.identity import device_profile, load_device
     from edgeflow.device.logship import ship_segments
 
-    device = load_device(required=True)
-    report = ship_segments(device_profile(load_profile(profile), device), device)
+    report = ship_segments(target, device)
     print(f"device {report.device_id}: {len(report.uploaded)} segments ({report.lines} lines) shipped, "
           f"{len(report.already_stored)} already stored, {len(report.removed)} removed from {report.log}")
     for problem in report.problems:
@@ -33,7 +33,11 @@ def ship(profile: str) -> dict:
 @flow(name="ship-logs", log_prints=True)
 def ship_logs(profile: str = "configs/demo-cpu.yaml") -> dict:
     """This device's access-log segments to the artifact store; the ShipReport out."""
-    return ship(profile)
+    from edgeflow.device.identity import device_profile, load_device
+    from edgeflow.preflight import load_profile
+
+    device = load_device(required=True)  # once each: handed to the step
+    return ship(device_profile(load_profile(profile), device), device)
 
 
 if __name__ == "__main__":

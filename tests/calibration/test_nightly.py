@@ -161,7 +161,8 @@ def test_the_nightly_flow_gathers_the_window_from_the_store_unless_told_a_folder
     data.pop("nightly")  # the default source: the store
     path = tmp_path / "fleet.yaml"
     path.write_text(yaml.safe_dump(data))
-    assert load_profile(path).nightly.logs_source == "store"
+    profile = load_profile(path)
+    assert profile.nightly.logs_source == "store"
     c = MlflowClient(store)
     run = c.create_run(experiment_id(c, "nightly-test-students"))
     from transformers import AutoTokenizer
@@ -170,9 +171,9 @@ def test_the_nightly_flow_gathers_the_window_from_the_store_unless_told_a_folder
     AutoTokenizer.from_pretrained(teacher_dir).save_pretrained(tok_dir)
     student = publish(c, run.info.run_id, tok_dir, "student", "student")
 
-    t = gather_traffic.fn(str(path), None, "2026-10-10T00:00:00Z", student)
+    t = gather_traffic.fn(profile, None, "2026-10-10T00:00:00Z", student)
     assert t.source == "store" and t.skipped is None and t.kept == 39  # no other test ships into this day
     assert t.per_device == {ids["orin-e"]: 36, ids["orin-f"]: 3}
     assert Path(t.logs_dir) == tmp_path / "work" / "nightly" / "20261010T000000Z" / "segments"
-    folder = gather_traffic.fn(str(path), str(LOGS), "2026-11-30T00:00:00Z", student)
+    folder = gather_traffic.fn(profile, str(LOGS), "2026-11-30T00:00:00Z", student)
     assert folder.source == "dir" and folder.per_device == {"edge-orin-01": 120} and folder.kept == 100

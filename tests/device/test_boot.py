@@ -21,7 +21,7 @@ import yaml
 
 from edgeflow.paths import REPO_ROOT
 from edgeflow.profile import Profile
-from edgeflow.device.identity import DEVICE_CONFIG_ENV
+from edgeflow.device.identity import DEVICE_CONFIG_ENV, DeviceConfig
 from tests.helpers.ports import free_port
 
 UNIT = REPO_ROOT / "infra" / "systemd" / "edgeflow-edge-server.service"
@@ -33,6 +33,7 @@ class Device:
     profile_path: Path
     profile: Profile
     package: Path
+    config: DeviceConfig
 
     @property
     def run(self) -> Path:
@@ -144,18 +145,19 @@ def device(tmp_path, engine_dir, monkeypatch) -> Iterator[Device]:
     from edgeflow.device.proxy import ensure_proxy
     from edgeflow.device.spawn import start_candidate
     from edgeflow.device.switch import switch_to
-    from edgeflow.device.identity import load_device_profile
+    from edgeflow.device.identity import load_for_device
 
     path = _write_profile(tmp_path, "edgeflow-boot-test")
     monkeypatch.setenv(DEVICE_CONFIG_ENV, str(tmp_path / "device.yaml"))
-    profile = load_device_profile(str(path))
+    profile, config = load_for_device(str(path))
+    assert config is not None and config.id == "boot-test"
     package = _install_package(profile, engine_dir)
     try:
         engine, _ = engine_for_device(profile, package)
-        candidate = start_candidate(profile, engine, VERSION, package)
+        candidate = start_candidate(profile, engine, VERSION, package, config)
         ensure_proxy(profile)
         switch_to(profile, candidate)
-        yield Device(path, profile, package)
+        yield Device(path, profile, package, config)
     finally:
         _kill_tree(profile.work / "run")
 
@@ -241,7 +243,7 @@ def test_a_power_cut_between_the_switch_and_its_state_write_boots_the_recorded_v
 
     before = device.state()["current"]
     engine = Path(before["engine"])
-    candidate = start_candidate(device.profile, engine, "2", device.package)
+    candidate = start_candidate(device.profile, engine, "2", device.package, device.config)
     assert candidate["port"] != before["port"]
     point_proxy(device.profile, candidate["port"])  # the switch ...
     assert httpx.get(f"{device.stable}/health", timeout=60).json()["engine"]["engine_version"] == "2"

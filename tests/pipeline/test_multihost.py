@@ -531,7 +531,7 @@ def test_devices_register_with_their_facts_and_a_targeted_deploy_runs_on_the_nam
     import psutil
     from mlflow import MlflowClient
 
-    from edgeflow.fleet.inventory import read_inventory
+    from edgeflow.pipeline.inventory_store import read_inventory
 
     c = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     staging = c.get_model_version_by_alias("edgeflow-multihost", "staging").version
