@@ -18,13 +18,21 @@ pool-placed stage the release found cached without submitting it (edgeflow/pipel
 the look-up's task run in the release's process, all `prep`.
 The row `open` is the release's first seconds (its MLflow run, the profile's files published); the last stage's
 `handoff` holds its report; `(release)` is the whole flow run, with its own process start. The sums say how much of
-the release is the stages' work and how much fixed cost. Not split out here: MLflow calls and bytes, and hashing,
-which fall in `prep` and `work`.
+the release is the stages' work and how much fixed cost.
+
+Beside the seconds, each row's calls to the MLflow server, read from that server's own access log (services.py starts
+it logging every request; `--mlflow-log`): `api` the tracking calls (runs, params, metrics, tags, registry), `put` and
+`get` the artifact uploads and downloads through it, with their bytes read from the files the server stores
+(`--artifacts`). A request belongs to the row whose window (its creation to the next row's) holds its second: the log
+has whole seconds, so a call within a second of a boundary may be counted in the row beside. Not split out: hashing,
+which falls in `prep` and `work`.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -111,21 +119,70 @@ def breakdown(release_flow_run_id: str) -> list[dict]:
     for i, row in enumerate(rows):
         nxt = rows[i + 1]["created"] if i + 1 < len(rows) else top.end_time
         row["handoff"] = _s(row["end"], nxt)
-    head = {"stage": "open", "total": _s(top.start_time, rows[0]["created"]) if rows else None}
+    head = {"stage": "open", "created": top.start_time, "total": _s(top.start_time, rows[0]["created"]) if rows else None}
     return [head, *rows, {"stage": "(release)", "total": _s(top.created, top.end_time),
-                          "start": _s(top.created, top.start_time)}]
+                          "start": _s(top.created, top.start_time), "started": top.start_time, "ended": top.end_time}]
+
+
+# One request in the MLflow server's access log (uvicorn): "2026/12/06 22:40:16 INFO:     127.0.0.1:43088 - "PUT /api/2.0/...
+_REQUEST = re.compile(r'^(\d{4}/\d\d/\d\d \d\d:\d\d:\d\d) .*"(GET|POST|PUT|DELETE|PATCH) (/api/2\.0/[^ ?"]*)')
+_ARTIFACTS = "/api/2.0/mlflow-artifacts/artifacts/"
+
+
+def mlflow_requests(log: Path, artifacts: Path) -> list[tuple[datetime, str, int]]:
+    """(when, kind, bytes) of each request the MLflow server logged: kind `api` (tracking and registry calls, bytes 0),
+    `put` or `get` (an artifact through the server, bytes: the stored file's size; 0 for a listing)."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        m = _REQUEST.match(line)
+        if not m or m.group(3) == "/health":
+            continue
+        when = datetime.strptime(m.group(1), "%Y/%m/%d %H:%M:%S").astimezone()  # the server's local time
+        method, path = m.group(2), m.group(3)
+        if path.startswith(_ARTIFACTS) and method in ("PUT", "GET"):
+            f = artifacts / path.removeprefix(_ARTIFACTS)
+            out.append((when, method.lower(), f.stat().st_size if f.is_file() else 0))
+        else:
+            out.append((when, "api", 0))
+    return out
+
+
+def add_mlflow_calls(rows: list[dict], requests: list[tuple[datetime, str, int]]) -> None:
+    """Count each request into the row whose window holds it: a stage's creation to the next row's (its handoff
+    included); `open` from the release's start; the release row gets them all."""
+    timed = [r for r in rows if r.get("created") is not None]
+    for i, row in enumerate(timed):
+        lo = row["created"]
+        hi = timed[i + 1]["created"] if i + 1 < len(timed) else None
+        mine = [q for q in requests if q[0] >= lo.replace(microsecond=0) and (hi is None or q[0] < hi.replace(microsecond=0))]
+        row.update(_counts(mine))
+    release = rows[-1]
+    if release.get("started") is not None:
+        release.update(_counts([q for q in requests if release["started"].replace(microsecond=0) <= q[0]
+                                and (release["ended"] is None or q[0] <= release["ended"])]))
+
+
+def _counts(requests: list[tuple[datetime, str, int]]) -> dict:
+    return {"api": sum(k == "api" for _, k, _ in requests), "put": sum(k == "put" for _, k, _ in requests),
+            "get": sum(k == "get" for _, k, _ in requests),
+            "MB": sum(n for *_, n in requests) / 1e6}
+
+
+def _count(v: float | None, k: str) -> str:
+    return "" if v is None else f"{v:.1f}" if k == "MB" else f"{v:.0f}"
 
 
 def print_breakdown(rows: list[dict]) -> None:
     cols = ("queued", "start", "prep", "work", "close", "handoff", "total")
-    print("| stage | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols))
-    sums = dict.fromkeys(cols, 0.0)
+    calls = ("api", "put", "get", "MB") if any("api" in r for r in rows) else ()
+    print("| stage | " + " | ".join(cols + calls) + " |\n|---|" + "---|" * len(cols + calls))
+    sums = dict.fromkeys(cols + calls, 0.0)
     for row in rows:
-        print(f"| {row['stage']} | " + " | ".join(_fmt(row.get(k)) for k in cols) + " |")
+        print(f"| {row['stage']} | " + " | ".join([_fmt(row.get(k)) for k in cols] + [_count(row.get(k), k) for k in calls]) + " |")
         if row["stage"] not in ("open", "(release)"):
-            for k in cols:
+            for k in cols + calls:
                 sums[k] += row.get(k) or 0.0
-    print("| (sum of stages) | " + " | ".join(_fmt(sums[k]) for k in cols) + " |")
+    print("| (sum of stages) | " + " | ".join([_fmt(sums[k]) for k in cols] + [_count(sums[k], k) for k in calls]) + " |")
     fixed = sums["queued"] + sums["start"] + sums["prep"] + sums["close"] + sums["handoff"]
     print(f"\nstages' work {sums['work']:.1f} s; fixed cost around it {fixed:.1f} s")
 
@@ -159,9 +216,16 @@ def main() -> None:
     ap.add_argument("--flow-run", help="the release's Prefect flow run id: where each stage's time went")
     ap.add_argument("--json", action="store_true", help="with --flow-run: the rows as JSON")
     ap.add_argument("--server-pidfile", default=".edgeflow/run/edge-server.pid")
+    home = Path(os.environ.get("EDGEFLOW_HOME", Path(__file__).resolve().parents[1] / ".edgeflow"))
+    ap.add_argument("--mlflow-log", type=Path, default=home / "logs" / "mlflow-server.log",
+                    help="the MLflow server's log (services.py: $EDGEFLOW_HOME/logs/mlflow-server.log); none: no call counts")
+    ap.add_argument("--artifacts", type=Path, default=home / "mlflow" / "artifacts",
+                    help="the MLflow server's --artifacts-destination, for the bytes of each upload and download")
     a = ap.parse_args()
     if a.flow_run:
         rows = breakdown(a.flow_run)
+        if a.mlflow_log.is_file():
+            add_mlflow_calls(rows, mlflow_requests(a.mlflow_log, a.artifacts))
         if a.json:
             print(json.dumps(rows, default=str, indent=1))
         else:

@@ -9,7 +9,7 @@ from prefect import flow, task
 from edgeflow.pipeline.stages import Call, StageCalls, enter_stage
 from edgeflow.tracking.artifacts import ArtifactRef, sha256_json
 from edgeflow.profile import CalibrationConfig
-from edgeflow.tracking.runs import ReleaseContext, content_key, stage_run
+from edgeflow.tracking.runs import ReleaseContext, content_key, log_values, stage_run
 
 
 @task(cache_key_fn=content_key, persist_result=True)
@@ -42,8 +42,7 @@ def build_calibration(
         ds = mlflow.data.from_pandas(df, source=source_url(ref.uri), name=f"calibration-{ref.sha256[:12]}")
         client.log_inputs(run_id, datasets=[DatasetInput(ds._to_mlflow_entity(), [InputTag("mlflow.data.context", "calibration")])])
         client.log_dict(run_id, stats, "calibration_stats.json")
-        for d, n in stats["counts"].items():
-            client.log_metric(run_id, f"count_{d}", n)
+        log_values(client, run_id, metrics={f"count_{d}": n for d, n in stats["counts"].items()})
         return ref
 
 

@@ -10,7 +10,7 @@ from edgeflow.pipeline.stages import Call, enter_stage
 from edgeflow.tracking.artifacts import ArtifactRef, sha256_json
 from edgeflow.profile import DistillConfig
 from edgeflow.model.source import ensure_teacher
-from edgeflow.tracking.runs import ReleaseContext, content_key, log_training_set, mlflow_step_logger, stage_run
+from edgeflow.tracking.runs import ReleaseContext, content_key, log_training_set, log_values, mlflow_step_logger, stage_run
 
 
 @task
@@ -53,8 +53,7 @@ def train_student(teacher: ArtifactRef, cfg: DistillConfig, corpora: list[Artifa
         if cfg.sequence_kd.enabled:  # the teacher's answers to the chat prompts: fetched, or generated here once
             answers, stats = seqkd.shared_answers(client, teacher_path, teacher.sha256, cfg.sequence_kd, corpus_files, cache_root,
                                                   profile.registry.artifact_location)
-            for k, v in stats.items():
-                client.log_metric(run_id, k, float(v))
+            log_values(client, run_id, metrics=stats)
             corpus_files = corpus_files + ([answers] if answers else [])
         metrics = distill_runner(cfg)(  # in this process, or torchrun over distill.processes GPUs
             teacher_path, cfg, corpus_files, held_out_texts, out, profile.work,
@@ -65,8 +64,7 @@ def train_student(teacher: ArtifactRef, cfg: DistillConfig, corpora: list[Artifa
             pushed = teacher_cache.push(client, spec, cache_root, profile.registry.artifact_location)
             client.log_metric(run_id, "teacher_cache_shards_pushed", len(pushed))
         history = metrics.pop("history")
-        for k, v in metrics.items():
-            client.log_metric(run_id, k, float(v))
+        log_values(client, run_id, metrics=metrics)
         client.log_dict(run_id, {"history": history}, "distill_history.json")
         return publish(client, run_id, out, "student", "student", meta=metrics | {TEACHER_META_KEY: teacher.model_dump()})
 

@@ -109,6 +109,8 @@ class Lookup:
             self.store, self.store_error = None, f"{type(e).__name__}: {e}"
         self.client = None
         self.experiment_id = None
+        self._pool = None
+        self._sizes: list = []
         if mlflow_ok:
             from mlflow import MlflowClient
 
@@ -157,6 +159,27 @@ class Lookup:
             return None
         return ArtifactRef(kind="teacher", uri=uri, sha256=runs[0].data.params["teacher_sha256"],
                            meta={"recorded_by_run": runs[0].info.run_id})
+
+    def size_into(self, out: dict, ref: ArtifactRef) -> dict:
+        """Set out["bytes"] to `ref`'s size, asked on a thread: one plan asks for a dozen or more, each one to three
+        `list_artifacts` calls, and one after another they were 0.8 s of a 6 s plan (BENCHMARKS.md#edgeflow-plan).
+        sizes() waits for them all."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="plan-size")
+        out["bytes"] = None
+        self._sizes.append((out, self._pool.submit(self.size, ref)))
+        return out
+
+    def sizes(self) -> None:
+        """Wait for every size size_into asked for and write it where it was asked."""
+        for out, future in self._sizes:
+            out["bytes"] = future.result()
+        self._sizes.clear()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
 
     def size(self, ref: ArtifactRef) -> int | None:
         """Bytes of a stage output in the artifact store (a directory: every file under it)."""
@@ -303,11 +326,11 @@ def make_plan(profile_path: str) -> Plan:
             if out is not None:
                 cp.status = "cached"
                 ref = out if isinstance(out, ArtifactRef) else None
-                cp.output = ({"kind": ref.kind, "uri": ref.uri, "sha256": ref.sha256, "bytes": look.size(ref)} if ref
+                cp.output = (look.size_into({"kind": ref.kind, "uri": ref.uri, "sha256": ref.sha256}, ref) if ref
                              else {"result": out})
             else:  # what it would fetch: the stage outputs among its arguments
                 cp.why = _why(look, call, files)
-                cp.reads = [{"kind": r.kind, "sha256": r.sha256, "bytes": look.size(r)} for r in _refs(call.args) if r.mlflow_run_id]
+                cp.reads = [look.size_into({"kind": r.kind, "sha256": r.sha256}, r) for r in _refs(call.args) if r.mlflow_run_id]
             s.calls.append(cp)
             results.append(out)
         return results
@@ -361,6 +384,7 @@ def make_plan(profile_path: str) -> Plan:
     gate_report = one(stage("consistency"), reference is not None and complete and all(e is not None for e in built),
                       lambda: gate_call(ctx, reference, checkpoints, built))
     one(stage("register"), gate_report is not None, lambda: register_call(ctx, gate_report, lineage_of(student, calibration)))
+    look.sizes()
     for s in plan.stages:  # as edgeflow/pipeline/stages.py run_stage decides: a cached stage the release can key is not started
         s.submitted = s.where != "inline" and (s.status != "cached" or s.stage in KEYED_ON_THEIR_HOST)
     return plan

@@ -18,6 +18,7 @@ from edgeflow.tracking.artifacts import ArtifactRef
 from edgeflow.paths import REPO_ROOT
 from edgeflow.evaluation.report import GateReport
 from edgeflow.profile import Profile
+from edgeflow.tracking.runs import log_values
 
 # The markdown table's columns, in order.
 COLUMNS = ("name", "size_mb", "engine_precision", "decode_tok_s", "ttft_ms", "decode_tok_s_greedy", "top1_agreement",
@@ -114,8 +115,8 @@ def write_release_report(
     c.log_artifact(ctx.mlflow_parent_run_id, str(out / f"{ctx.release_id}.md"), "report")
     if report["plots"]:
         c.log_artifacts(ctx.mlflow_parent_run_id, str(plot_dir), f"report/{ctx.release_id}")
-    for r in report["variants"]:
-        c.log_metric(ctx.mlflow_parent_run_id, f"{r['name']}.top1_agreement", r["top1_agreement"])
+    log_values(c, ctx.mlflow_parent_run_id, metrics={f"{r['name']}.top1_agreement": r["top1_agreement"]
+                                                     for r in report["variants"] if r["top1_agreement"] is not None})
     c.set_terminated(ctx.mlflow_parent_run_id, "FINISHED")
     print(table(report["variants"]))
     return report

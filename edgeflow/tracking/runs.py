@@ -165,6 +165,23 @@ def publish_inputs(client, run_id: str, p) -> dict[str, ArtifactRef]:
     return refs
 
 
+def log_values(client: Any, run_id: str, params: dict[str, Any] | None = None,
+               metrics: dict[str, float] | None = None) -> None:
+    """Params and metrics in as few requests as MLflow takes (log_batch: 100 params or 1,000 metrics a request), not
+    one each: a stage's gate settings are 20-odd params and the consistency pass 60-odd metrics, and each call is an
+    HTTP request and a database commit on the tracking server (BENCHMARKS.md#stage-fixed-costs). Param values are cut
+    to 6,000 characters, MLflow's limit."""
+    from mlflow.entities import Metric, Param
+
+    ts = int(time.time() * 1000)
+    ps = [Param(k, str(v)[:6000]) for k, v in (params or {}).items()]
+    ms = [Metric(k, float(v), ts, 0) for k, v in (metrics or {}).items()]
+    for i in range(0, len(ps), 100):
+        client.log_batch(run_id, params=ps[i:i + 100])
+    for i in range(0, len(ms), 1000):
+        client.log_batch(run_id, metrics=ms[i:i + 1000])
+
+
 @contextmanager
 def stage_run(ctx: ReleaseContext, stage: str, params: dict | None = None) -> Iterator[tuple[Any, str]]:
     """A child MLflow run under the release's parent run; marked FAILED if the stage raises."""
@@ -187,8 +204,7 @@ def stage_run(ctx: ReleaseContext, stage: str, params: dict | None = None) -> It
         },
     )
     run_id = run.info.run_id
-    for k, v in (params or {}).items():
-        client.log_param(run_id, k, str(v)[:6000])
+    log_values(client, run_id, params=params)
     if keyed is not None:
         client.log_text(run_id, json.dumps(keyed, sort_keys=True, default=str), "cache_inputs.json")
     peak = _PeakRSS()
@@ -199,8 +215,7 @@ def stage_run(ctx: ReleaseContext, stage: str, params: dict | None = None) -> It
     except BaseException:
         client.set_terminated(run_id, "FAILED")
         raise
-    client.log_metric(run_id, "stage_wall_s", time.perf_counter() - t0)
-    client.log_metric(run_id, "stage_peak_rss_mb", peak.mb)
+    log_values(client, run_id, metrics={"stage_wall_s": time.perf_counter() - t0, "stage_peak_rss_mb": peak.mb})
     client.set_terminated(run_id, "FINISHED")
 
 
@@ -285,9 +300,7 @@ def record_student_gate(ctx: ReleaseContext, verdict: dict[str, Any]) -> None:
     c = MlflowClient(tracking_uri())
     run = ctx.mlflow_parent_run_id
     c.set_tag(run, STUDENT_GATE_TAG, "passed" if verdict["passed"] else ("failed: " + "; ".join(verdict["failures"]))[:5000])
-    for measure, value in verdict["measures"].items():
-        if value is not None:
-            c.log_metric(run, f"student_gate.{measure}", float(value))
+    log_values(c, run, metrics={f"student_gate.{m}": v for m, v in verdict["measures"].items() if v is not None})
     c.log_dict(run, verdict, "student_gate.json")
 
 
