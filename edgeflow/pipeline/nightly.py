@@ -101,6 +101,9 @@ def nightly_recalibration(
     """Access logs of the last window in (the devices' shipped segments, or `logs_dir`); a new staging version (or a
     'skipped' report) out."""
     p = load_profile(profile)  # read and preflighted once: every step below is handed it (or the night's derived one)
+    late = started_late(p.nightly.max_late_h)
+    if late:
+        return write_night_report(profile, p, {"status": "skipped", "reason": late})
     check_placement(p.placement)  # before any compute
     base = base_student(p)
     if base.get("skipped"):
@@ -120,6 +123,25 @@ def nightly_recalibration(
     if registry["staging"] and p.nightly.auto_promote:
         report |= promote_if_better(profile, p, registry, base, deploy)
     return write_night_report(profile, p, report)
+
+
+def started_late(max_late_h: float | None) -> str | None:
+    """Why this night is skipped when it started more than `max_late_h` hours after its scheduled time (None: it is
+    not). A run created by hand (run_deployment, `edgeflow nightly`) is scheduled when it is created, so it is late
+    only if it waited that long for a worker."""
+    from datetime import datetime, timezone
+
+    from prefect.runtime import flow_run
+
+    scheduled = flow_run.scheduled_start_time
+    if max_late_h is None or scheduled is None or not flow_run.get_id():
+        return None
+    late_h = (datetime.now(timezone.utc) - scheduled).total_seconds() / 3600
+    if late_h <= max_late_h:
+        return None
+    return (f"started {late_h:.1f} h after its scheduled time {scheduled:%Y-%m-%d %H:%M} UTC, later than "
+            f"nightly.max_late_h={max_late_h:g} (the workers were down); the next night runs on time, or run one now "
+            "with `edgeflow nightly`")
 
 
 def promote_if_better(profile: str, p: Profile, registry: dict, base: dict, deploy: str) -> dict:

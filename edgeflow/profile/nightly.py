@@ -30,6 +30,14 @@ class NightlyConfig(_Strict):
         default="production",
         description="Registry alias whose student is re-quantized; falls back to `staging` when it is not set yet.",
     )
+    max_late_h: float | None = Field(
+        default=2, gt=0,
+        description="A scheduled night that starts more than this many hours after its scheduled time is skipped, with "
+        "the reason, not run: a host that was off overnight (its workers down) runs the 02:30 night when they start, "
+        "hours late, where it held the model's release lock against the release started by hand (`make demo` refused "
+        "after a 2.5 h late start, 2-core AMD EPYC). None: run however late. A run created by hand is late only if it "
+        "waited that long for a worker.",
+    )
     auto_promote: bool = Field(
         default=False,
         description="Deploy and move `production` when the new version beats the current production one on the gate "

@@ -777,6 +777,31 @@ def test_nightly_recalibration_without_logs_is_skipped_not_failed(services, tmp_
     assert report["status"] == "skipped" and "nightly.min_records=32" in report["reason"], report
 
 
+def test_a_scheduled_night_that_starts_hours_late_is_skipped_naming_the_delay(services):
+    """The 02:30 night of a host whose workers were down starts when they come back: more than nightly.max_late_h
+    after its time it is skipped with the delay in its report, before anything is read or locked, so the release the
+    user starts next is not refused for it. The same night on time is not (it goes on to its logs)."""
+    from datetime import datetime, timedelta, timezone
+
+    from mlflow import MlflowClient
+
+    c = MlflowClient(services["MLFLOW_TRACKING_URI"])
+    staging = c.get_model_version_by_alias("edgeflow-test-tiny", "staging").version
+    params = {"profile": "configs/test-tiny.yaml", "until": "2026-11-29T01:00:00Z", "deploy": "none"}
+    fr = run_deployment("nightly-recalibration/nightly-recalibration", timeout=600, parameters=params,
+                        scheduled_time=datetime.now(timezone.utc) - timedelta(hours=3))
+    assert fr.state.is_completed(), fr.state.message
+    report = fr.state.result()
+    assert report["status"] == "skipped" and "after its scheduled time" in report["reason"], report
+    assert "nightly.max_late_h=2" in report["reason"] and "traffic" not in report, report
+    assert c.get_model_version_by_alias("edgeflow-test-tiny", "staging").version == staging
+    # an hour late is within the limit: the night goes on to its window (too few requests in it, as above)
+    fr = run_deployment("nightly-recalibration/nightly-recalibration", timeout=600, parameters=params,
+                        scheduled_time=datetime.now(timezone.utc) - timedelta(hours=1))
+    report = fr.state.result()
+    assert report["status"] == "skipped" and "nightly.min_records=32" in report["reason"], report
+
+
 @pytest.mark.extended  # `make test-all` only: docs/development/tests.md
 def test_retry_in_the_prefect_ui_resumes_a_failed_release_without_recomputing(services, tmp_path):
     """Change only the calibration mix and make the last stage (deploy) fail: distill is reused, calibrate..register
