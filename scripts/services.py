@@ -111,15 +111,16 @@ ZOMBIE_AFTER_S = 90
 
 
 def ensure_pools_and_automation(pools: list[str], env: dict[str, str]) -> None:
-    """Create (once) each work pool (type process) and the automation that marks a flow run Crashed when its
-    heartbeats stop, as Prefect documents for self-hosted servers ("Detect zombie flows"). One Python process does
-    both through Prefect's client: a `prefect work-pool` command per pool took 4.5-6 s each here, most of it
-    importing Prefect."""
+    """Create (once) each work pool (type process; its workers start the engine directly, edgeflow/pipeline/workers.py)
+    and the automation that marks a flow run Crashed when its heartbeats stop, as Prefect documents for self-hosted
+    servers ("Detect zombie flows"). One Python process does both through Prefect's client: a `prefect work-pool`
+    command per pool took 4.5-6 s each here, most of it importing Prefect."""
     code = f"""
 from datetime import timedelta
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+from edgeflow.pipeline.workers import engine_command, process_pool_template
 from prefect.automations import Automation
 from prefect.client.schemas.objects import StateType
 from prefect.events.actions import ChangeFlowRunState
@@ -128,12 +129,17 @@ from prefect.events.schemas.events import ResourceSpecification
 with get_client(sync_client=True) as client:
     for pool in {pools!r}:
         try:
-            client.read_work_pool(pool)
+            existing = client.read_work_pool(pool)
         except ObjectNotFound:
             try:
-                client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+                client.create_work_pool(WorkPoolCreate(name=pool, type="process", base_job_template=process_pool_template()))
             except ObjectAlreadyExists:  # another `up` created it meanwhile
                 pass
+            continue
+        command = existing.base_job_template.get("variables", {{}}).get("properties", {{}}).get("command", {{}})
+        if existing.type == "process" and command.get("default") != engine_command():
+            # a pool an earlier edgeflow created: its flow runs start the engine directly from now on
+            client.update_work_pool(pool, WorkPoolUpdate(base_job_template=process_pool_template()))
 name = {ZOMBIE_AUTOMATION!r}
 try:
     Automation.read(name=name)
