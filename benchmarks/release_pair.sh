@@ -12,7 +12,9 @@ export EDGEFLOW_HOME=${EDGEFLOW_HOME_BENCH:-/tmp/edgeflow-bench-home}
 rm -rf "$EDGEFLOW_HOME"
 export EDGEFLOW_SCHEDULES=off
 set -a; eval "$(.venv/bin/python scripts/services.py env | sed 's/^export //')"; set +a
-trap '.venv/bin/python scripts/services.py down > /dev/null 2>&1' EXIT
+# at the end: the servers and workers, and test-tiny's edge server (its work directory is the checkout's, not the home's:
+# left serving, it holds the stable port the end-to-end tests' fixture needs free)
+trap '.venv/bin/python -c "from edgeflow.preflight import load_profile; from edgeflow.device.spawn import stop_device; stop_device(load_profile(\"configs/test-tiny.yaml\"))"; .venv/bin/python scripts/services.py down > /dev/null 2>&1' EXIT
 .venv/bin/python scripts/services.py up > "$EDGEFLOW_HOME.up.log" 2>&1 || { echo "up failed: $EDGEFLOW_HOME.up.log"; exit 1; }
 release() {
   .venv/bin/python -c "
