@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from edgeflow.device.identity import DeviceConfig
+from edgeflow.device.identity import QUEUE_PREFIX, DeviceConfig
 from edgeflow.fleet.inventory import VARIABLE_PREFIX, VARIABLE_TAG, DeviceRecord, device_record, serving_status, variable_name
 from edgeflow.profile import Profile
 
@@ -107,9 +107,9 @@ def worker_status(pool: str, stale_s: float = 90) -> dict[str, str]:
         workers = client.read_workers_for_work_pool(pool)
     out = {}
     for w in workers:
-        if not w.name.startswith("device-"):
+        if not w.name.startswith(QUEUE_PREFIX):
             continue
         seen = w.last_heartbeat_time
         age = time.time() - seen.timestamp() if seen else float("inf")
-        out[w.name.removeprefix("device-")] = "online" if age < stale_s else f"offline ({age:.0f} s since heartbeat)"
+        out[w.name.removeprefix(QUEUE_PREFIX)] = "online" if age < stale_s else f"offline ({age:.0f} s since heartbeat)"
     return out

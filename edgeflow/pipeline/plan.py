@@ -109,8 +109,7 @@ class Lookup:
             self.store, self.store_error = None, f"{type(e).__name__}: {e}"
         self.client = None
         self.experiment_id = None
-        self._pool = None
-        self._sizes: list = []
+        self._sizes: list[tuple[dict, ArtifactRef]] = []
         if mlflow_ok:
             from mlflow import MlflowClient
 
@@ -161,25 +160,20 @@ class Lookup:
                            meta={"recorded_by_run": runs[0].info.run_id})
 
     def size_into(self, out: dict, ref: ArtifactRef) -> dict:
-        """Set out["bytes"] to `ref`'s size, asked on a thread: one plan asks for a dozen or more, each one to three
-        `list_artifacts` calls, and one after another they were 0.8 s of a 6 s plan (BENCHMARKS.md#edgeflow-plan).
-        sizes() waits for them all."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="plan-size")
+        """`out` with "bytes": `ref`'s size, filled in by sizes()."""
         out["bytes"] = None
-        self._sizes.append((out, self._pool.submit(self.size, ref)))
+        self._sizes.append((out, ref))
         return out
 
     def sizes(self) -> None:
-        """Wait for every size size_into asked for and write it where it was asked."""
-        for out, future in self._sizes:
-            out["bytes"] = future.result()
+        """Every size size_into asked for, on eight threads: one plan asks for a dozen or more, each one to three
+        `list_artifacts` calls, and one after another they were 0.8 s of a 6 s plan (BENCHMARKS.md#edgeflow-plan)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=8, thread_name_prefix="plan-size") as pool:
+            for (out, _), size in zip(self._sizes, pool.map(self.size, [ref for _, ref in self._sizes])):
+                out["bytes"] = size
         self._sizes.clear()
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
 
     def size(self, ref: ArtifactRef) -> int | None:
         """Bytes of a stage output in the artifact store (a directory: every file under it)."""

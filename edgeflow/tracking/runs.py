@@ -166,7 +166,7 @@ def publish_inputs(client, run_id: str, p) -> dict[str, ArtifactRef]:
 
 
 def log_values(client: Any, run_id: str, params: dict[str, Any] | None = None,
-               metrics: dict[str, float] | None = None) -> None:
+               metrics: dict[str, float] | None = None, step: int = 0) -> None:
     """Params and metrics in as few requests as MLflow takes (log_batch: 100 params or 1,000 metrics a request), not
     one each: a stage's gate settings are 20-odd params and the consistency pass 60-odd metrics, and each call is an
     HTTP request and a database commit on the tracking server (BENCHMARKS.md#stage-fixed-costs). Param values are cut
@@ -175,7 +175,7 @@ def log_values(client: Any, run_id: str, params: dict[str, Any] | None = None,
 
     ts = int(time.time() * 1000)
     ps = [Param(k, str(v)[:6000]) for k, v in (params or {}).items()]
-    ms = [Metric(k, float(v), ts, 0) for k, v in (metrics or {}).items()]
+    ms = [Metric(k, float(v), ts, step) for k, v in (metrics or {}).items()]
     for i in range(0, len(ps), 100):
         client.log_batch(run_id, params=ps[i:i + 100])
     for i in range(0, len(ms), 1000):
@@ -275,12 +275,8 @@ class MlflowStepLogger:
         return self.client.tracking_uri
 
     def __call__(self, step: int, metrics: dict[str, float]) -> None:
-        from mlflow.entities import Metric
-
-        ts = int(time.time() * 1000)
-        batch = [Metric(k, float(v), ts, step) for k, v in metrics.items() if k != "step" and isinstance(v, (int, float))]
-        if batch:
-            self.client.log_batch(self.run_id, metrics=batch)
+        log_values(self.client, self.run_id, step=step,
+                   metrics={k: v for k, v in metrics.items() if k != "step" and isinstance(v, (int, float))})
 
 
 def mlflow_step_logger(client: Any, run_id: str) -> MlflowStepLogger:
