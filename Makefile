@@ -57,7 +57,7 @@ LLAMA_WHEELS := $(HOME)/.cache/edgeflow/wheels/llama-cpp-$(shell printf '%s' "$(
 $(VENV)/.installed-test: $(VENV)/.installed
 	ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
 	  CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip wheel -q --no-deps "$(LLAMA_CPP_PIN)" -w $(LLAMA_WHEELS)
-	$(UV) pip install -q --python $(PY) --find-links $(LLAMA_WHEELS) -e '.[test]'
+	$(UV) pip install -q --python $(PY) --find-links $(LLAMA_WHEELS) --no-build-isolation-package deepspeed -e '.[test]'
 	$(COMPILE)
 	touch $@
 

@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from edgeflow.paths import REPO_ROOT
+from edgeflow.paths import REPO_ROOT, user_cache
 from edgeflow.profile import DistillConfig
 from edgeflow.distill import (LogFn, compare_to_teacher, finish_run, load_tokenizer, prepare_dataset, prepare_run, run_distill,
                            teacher_logits, train)
@@ -171,8 +171,13 @@ def run_distill_distributed(teacher_dir: Path, cfg: DistillConfig, corpora: list
         (d / "spec.json").write_text(json.dumps(spec))
         env = os.environ.copy()
         env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-        if zero is not None and not cuda:
-            env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed would otherwise look for an accelerator to drive
+        if zero is not None:
+            if not cuda:
+                env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed would otherwise look for an accelerator to drive
+            # DeepSpeed compiles ops on first use (its CPU communication op: ~100-150 s on 2 cores) into torch's
+            # extension dir, by default under /tmp, which a reboot or a fresh container loses: keep them with the
+            # user's other caches, so only a machine's first ZeRO run pays for it (BENCHMARKS.md#deepspeed-zero-3).
+            env.setdefault("TORCH_EXTENSIONS_DIR", str(user_cache() / "torch_extensions"))
         rc, tail = _stream(launch_command(n, d / "spec.json"), env)
         if rc != 0:
             raise RuntimeError(failure_message(rc, n, cfg, d / "errors", tail))
@@ -291,11 +296,35 @@ def _run_process(spec: dict) -> None:
         dist.destroy_process_group()
 
 
+# prctl(2) option: the signal the kernel sends this process when its parent exits.
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_launcher() -> None:
+    """End this process when torchrun, its parent, ends. torchrun starts every process in a session of its own
+    (torch.distributed.elastic's subprocess handler), so killing the launcher's process group, as a worker cancelling
+    the stage or an operator's SIGKILL does, left the processes training on as orphans: here they ran 36 more steps
+    and wrote a checkpoint after the launcher was gone, and on a GPU host they would hold its memory against the
+    retry. Linux only (prctl); elsewhere nothing changes."""
+    import ctypes
+    import signal
+
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of every process torchrun starts; an exception is recorded for the launcher, then re-raised."""
     parser = argparse.ArgumentParser(description="One process of a multi-process distillation (started by torchrun).")
     parser.add_argument("--spec", type=Path, required=True, help="JSON written by run_distill_distributed")
     spec = json.loads(parser.parse_args(argv).spec.read_text())
+    die_with_launcher()
     try:
         _run_process(spec)
     except BaseException as e:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
+from edgeflow.paths import user_cache
 from edgeflow.tracking.artifacts import ArtifactRef, sha256_file, sha256_json, sha256_tree, write_manifest
 
 if TYPE_CHECKING:  # annotations only: the preflight (edgeflow/preflight.py) asks this module for the teacher's config
@@ -177,7 +178,7 @@ def model_cache() -> Path | None:
     value = os.environ.get(MODEL_CACHE_ENV, "")
     if value.lower() == "off":
         return None
-    return Path(value) if value else Path.home() / ".cache" / "edgeflow" / "models"
+    return Path(value) if value else user_cache() / "models"
 
 
 def conversion_key(gguf_sha256: str, chat_template: str | None = None) -> str:

@@ -11,11 +11,12 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from edgeflow.paths import REPO_ROOT
+from edgeflow.paths import REPO_ROOT, user_cache
 from edgeflow.profile import DistillConfig
 from edgeflow.distill import run_distill
 from edgeflow.distill.launch import distill_runner, launch_command, resolve_processes, run_distill_distributed, zero_config
 from edgeflow.tracking.runs import mlflow_step_logger
+from tests.helpers.distill import require_deepspeed
 
 SHIPPED_ZERO3 = REPO_ROOT / "deployments" / "deepspeed" / "zero3-bf16.json"
 # One training, run in one process and in two: global batch 4 over texts of different lengths (padding differs between
@@ -25,6 +26,10 @@ SHIPPED_ZERO3 = REPO_ROOT / "deployments" / "deepspeed" / "zero3-bf16.json"
 RUN = dict(steps=4, batch_size=4, max_seq_len=16, lr=1e-3, beta=0.5, temperature=2.0, checkpoint_every=2, seed=3,
            mixed_precision="off")
 EVAL = ["The cat sat on the mat.", "Two plus two is four, and four plus four is eight."]
+# The kill-and-resume run: long enough that the kill, sent the moment the first checkpoint (step 2) is in place, lands
+# well before the end. Two ZeRO-3 steps and a checkpoint of the tiny pair took ~0.3 s on the 2-core AVX2 EPYC (38
+# steps in 4.8 s), so 80 steps leave ~11 s after step 2, against a poll every 20 ms.
+KILL_STEPS = 80
 
 
 @pytest.fixture(autouse=True)
@@ -143,9 +148,13 @@ def tiny_pair(tmp_path_factory, teacher_dir) -> tuple[Path, Path, Path]:
 @pytest.fixture(scope="module")
 def one_process(tiny_pair, tmp_path_factory) -> tuple[dict, Path]:
     """The reference: the run in this process (processes=1, plain torch)."""
+    return _one_process_run(tiny_pair, RUN, tmp_path_factory.mktemp("one"))
+
+
+def _one_process_run(tiny_pair, run: dict, root: Path) -> tuple[dict, Path]:
+    """(metrics, student dir) of the tiny pair's run with `run`'s settings in this process, on one thread."""
     teacher, student_cfg, corpus = tiny_pair
-    root = tmp_path_factory.mktemp("one")
-    cfg = DistillConfig(student_from=str(student_cfg), processes=1, **RUN)
+    cfg = DistillConfig(student_from=str(student_cfg), processes=1, **run)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -162,8 +171,8 @@ def _weights(d: Path) -> dict[str, torch.Tensor]:
     return load_file(d / "model.safetensors")
 
 
-def _assert_same_training(got: dict, want: dict, rel: float) -> None:
-    assert [h["step"] for h in got["history"]] == [h["step"] for h in want["history"]] == list(range(RUN["steps"]))
+def _assert_same_training(got: dict, want: dict, rel: float, steps: int = RUN["steps"]) -> None:
+    assert [h["step"] for h in got["history"]] == [h["step"] for h in want["history"]] == list(range(steps))
     for g, w in zip(got["history"], want["history"]):
         for term in ("total", "kd", "ce", "hidden_mse"):
             assert g[term] == pytest.approx(w[term], rel=rel), (g["step"], term, g[term], w[term])
@@ -209,12 +218,12 @@ def test_two_processes_train_as_one(tiny_pair, one_process, tmp_path, monkeypatc
 def test_deepspeed_zero3_on_two_cpu_processes_trains_as_one(tiny_pair, one_process, tmp_path, monkeypatch, capfd):
     """strategy deepspeed-zero3 on this CPU (DS_ACCELERATOR=cpu, gloo, fp32): the same trajectory as one process. The
     first run compiles DeepSpeed's CPU communication op (~150 s) into TORCH_EXTENSIONS_DIR; later runs reuse it."""
-    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (the `gpu` extra: pip install -e '.[gpu]')")
+    require_deepspeed()
     teacher, student_cfg, corpus = tiny_pair
     want, want_dir = one_process
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", os.environ.get("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "edgeflow" / "torch_extensions")))
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)  # the launcher picks the CPU accelerator itself
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)  # and keeps compiled ops in edgeflow's cache
     cfg = DistillConfig(student_from=str(student_cfg), processes=2, strategy="deepspeed-zero3", **RUN)
     logged: list[tuple[int, dict]] = []
     got = run_distill_distributed(teacher, cfg, [corpus], EVAL, tmp_path / "student", tmp_path / "work",
@@ -225,9 +234,74 @@ def test_deepspeed_zero3_on_two_cpu_processes_trains_as_one(tiny_pair, one_proce
     assert max(diffs.values()) < 1e-4, sorted(diffs.items(), key=lambda kv: -kv[1])[:3]
     # a callback that is not an MLflow logger receives rank 0's calls once the run is over
     assert [s for s, m in logged if "total" in m] == [0, 1, 2, 3]
+    # DeepSpeed's CPU communication op was compiled (or found) in the user's cache, outside the checkout
+    assert (user_cache() / "torch_extensions" / "deepspeed_shm_comm").is_dir()
     with capfd.disabled():
         print("\n1-process totals:", [round(h["total"], 6) for h in want["history"]])
         print("ZeRO-3 2-process totals:", [round(h["total"], 6) for h in got["history"]], "max weight diff", max(diffs.values()))
+
+
+@pytest.mark.deepspeed
+def test_a_killed_zero3_run_resumes_from_its_zero_checkpoint_and_trains_as_one(tiny_pair, tmp_path):
+    """Every process of a ZeRO-3 run (torchrun and both ranks) is SIGKILLed once a checkpoint exists; the same call
+    again resumes from that checkpoint's sharded engine state and ends where the uninterrupted one-process run ends:
+    the same loss at every step and the same weights, at the tolerance the DDP and ZeRO-3 runs above are held to."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    require_deepspeed()
+    teacher, student_cfg, corpus = tiny_pair
+    run = RUN | {"steps": KILL_STEPS}
+    want = _one_process_run(tiny_pair, run, tmp_path / "one")
+    spec = {"teacher": str(teacher), "student_from": str(student_cfg), "corpus": str(corpus), "eval_texts": EVAL,
+            "cfg": {"student_from": str(student_cfg), "processes": 2, "strategy": "deepspeed-zero3", **run},
+            "out": str(tmp_path / "student"), "work": str(tmp_path / "work"), "result": str(tmp_path / "result.json")}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    cmd = [sys.executable, "-m", "tests.helpers.distill_launch", str(tmp_path / "spec.json")]
+    checkpoints = tmp_path / "work" / "checkpoints" / "distill"
+    with (tmp_path / "killed.log").open("w") as out:
+        victim = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while victim.poll() is None and time.monotonic() < deadline and not _complete_checkpoints(checkpoints):
+            time.sleep(0.02)
+    finally:
+        os.killpg(victim.pid, signal.SIGKILL)  # the launcher, torchrun and both ranks: one session
+        victim.wait()
+    log = (tmp_path / "killed.log").read_text()
+    assert victim.returncode == -signal.SIGKILL, f"the run ended before a checkpoint was killed ({victim.returncode}):\n{log[-3000:]}"
+    killed_at = max(_complete_checkpoints(checkpoints))
+    # torchrun starts each process in a session of its own: they end with it (launch.die_with_launcher), not later;
+    # orphans would train on and write the next checkpoints (every 2 steps) until they next printed to a closed pipe
+    time.sleep(5)
+    assert not _processes_of(tmp_path / "work"), [p.info["cmdline"] for p in _processes_of(tmp_path / "work")]
+    assert max(_complete_checkpoints(checkpoints)) == killed_at
+    assert 0 < killed_at < KILL_STEPS and not (tmp_path / "student").exists(), (killed_at, log[-2000:])
+    shards = sorted(p.name for p in (checkpoints.glob(f"*/step-{killed_at:08d}/engine/*")))
+    assert any("zero_pp_rank_1" in s for s in shards), shards  # rank 1's own optimizer shard is in the checkpoint
+
+    subprocess.run(cmd, cwd=REPO_ROOT, env=env, check=True, capture_output=True)
+    got = json.loads((tmp_path / "result.json").read_text())
+    assert got["resumed_from_step"] == killed_at and got["training_processes"] == 2
+    _assert_same_training(got, want[0], rel=1e-4, steps=KILL_STEPS)
+    diffs = {k: float((v - _weights(want[1])[k]).abs().max()) for k, v in _weights(tmp_path / "student").items()}
+    assert max(diffs.values()) < 1e-4, sorted(diffs.items(), key=lambda kv: -kv[1])[:3]
+    assert not any(checkpoints.iterdir())  # the finished run removed its checkpoints
+
+
+def _processes_of(work: Path) -> list:
+    """The live processes whose command line names a file under `work` (the ranks read their spec from there)."""
+    import psutil
+
+    return [p for p in psutil.process_iter(["cmdline"]) if any(str(work) in a for a in (p.info["cmdline"] or []))]
+
+
+def _complete_checkpoints(root: Path) -> list[int]:
+    """The steps of the checkpoints under root that were renamed into place (no .tmp: written whole)."""
+    return [int(d.name.removeprefix("step-")) for d in root.glob("*/step-*") if not d.name.endswith(".tmp")]
 
 
 def test_deepspeed_strategy_without_deepspeed_fails_before_any_compute(tiny_pair, tmp_path, monkeypatch):

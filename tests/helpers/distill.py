@@ -94,3 +94,19 @@ def resume_run(teacher_dir: Path, data: Path, ckpt: Path, log=None):
         layer.self_attn.attention_dropout = 0.3
     return train(teacher, student, TokenDataset(data), cfg, pad_id=0, layer_map=resolve_layer_map(cfg, 2, 1, kept),
                  checkpoint_dir=ckpt, log=log)
+
+
+def require_deepspeed() -> None:
+    """Skip where DeepSpeed is not installed; fail instead where EDGEFLOW_REQUIRE_DEEPSPEED is set (.ci/run sets it:
+    in CI the ZeRO-3 tests run, or the run is red)."""
+    import importlib.util
+    import os
+
+    import pytest
+
+    if importlib.util.find_spec("deepspeed") is not None:
+        return
+    how = "DeepSpeed is not installed: `make test` installs it with the test extra (pip install -e '.[test]')"
+    if os.environ.get("EDGEFLOW_REQUIRE_DEEPSPEED"):
+        pytest.fail(f"{how}; EDGEFLOW_REQUIRE_DEEPSPEED is set, so this is a failure, not a skip")
+    pytest.skip(how)

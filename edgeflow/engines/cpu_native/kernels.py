@@ -15,6 +15,7 @@ from typing import Any
 from edgeflow.engines import EngineIncompatibleError
 from edgeflow.engines.cpu_host import ISA_FLAGS, cpu_flags as _cpu_flags
 
+from edgeflow.paths import user_cache
 from edgeflow.engines.cpu_native.settings import CACHE_ENV, CC_FLAGS, FIX, REQUIRED_ISA, SOURCE, STEP_ROWS
 
 
@@ -52,7 +53,7 @@ _LIB_LOCK = threading.Lock()
 
 
 def _cache_root() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "edgeflow" / "native")
+    return Path(os.environ.get(CACHE_ENV) or user_cache() / "native")
 
 
 def compile_kernels() -> tuple[Path, dict[str, Any]]:
