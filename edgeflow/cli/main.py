@@ -62,6 +62,9 @@ COMMANDS: dict[str, Command] = {
                     "without running anything", "edgeflow plan configs/demo-cpu.yaml", positional="--profile", profile=True,
                     services=True),
     "report": Command("edgeflow.cli.main", "print a release's report (reports/RELEASE.md)", "edgeflow report demo-cpu-20261205-044221-463cb435"),
+    "doctor": Command("edgeflow.cli.doctor", "check this host for its role in a profile (versions, device, dtypes, engines "
+                      "built and scored on a tiny model): doctor.json and doctor.md", "edgeflow doctor --role cpu --out doctor-out",
+                      profile=True),
     "envcheck": Command("edgeflow.ops.envcheck", "check this host against an image target (CUDA, TensorRT, Jetson)",
                         "edgeflow envcheck --target cpu"),
     "page-test": Command("edgeflow.ops.monitoring", "freeze a server twice and print the pages it raised, with their seconds",
