@@ -7,7 +7,7 @@ PROFILE ?= configs/demo-cpu.yaml
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo page-test test test-all test-durations docs down pools services venv clean
+.PHONY: demo page-test test test-all test-durations docs down pools services venv edgellm-venv clean
 
 # Two installs into one venv: what `make demo` runs (torch, the pipeline, cpu_native, the `demo` extra's OpenAI client),
 # then what `make test` adds
@@ -54,7 +54,22 @@ $(VENV)/.installed: pyproject.toml
 LLAMA_CPP_PIN := $(shell sed -n 's/.*"\(llama-cpp-python==[^"]*\)".*/\1/p' pyproject.toml)
 LLAMA_WHEELS := $(HOME)/.cache/edgeflow/wheels/llama-cpp-$(shell printf '%s' "$(LLAMA_CPP_PIN) $(LLAMA_CMAKE_ARGS) $$(uname -m)" | sha256sum | cut -c1-12)
 
-$(VENV)/.installed-test: $(VENV)/.installed
+# TensorRT Edge-LLM's exporter in a venv of its own, kept with the machine's caches: tensorrt-edgellm 0.11.0's `export`
+# extra pins transformers, onnx and numpy apart from edgeflow's (edgeflow/engines/edge_llm/plan.py EXPORTER_PYTHON_ENV
+# names it; the tests export with it). ~2 s from uv's cache, a 200 MB wheel the first time.
+EDGELLM_PIN := tensorrt-edgellm[export]==0.11.0
+EDGELLM_VENV := $(HOME)/.cache/edgeflow/venvs/edgellm-$(shell printf '%s' "$(EDGELLM_PIN) torch==2.13.0 $$(uname -m)" | sha256sum | cut -c1-12)
+EDGELLM_PY := $(EDGELLM_VENV)/bin/python
+
+$(EDGELLM_VENV)/.installed: | $(VENV)/.installed
+	test -x $(EDGELLM_PY) || $(PYTHON) -m venv $(EDGELLM_VENV)
+	$(UV) pip install -q --python $(EDGELLM_PY) $(UV_LINKS) torch==2.13.0 '$(EDGELLM_PIN)'
+	touch $@
+
+edgellm-venv: $(EDGELLM_VENV)/.installed
+	@echo "export EDGEFLOW_EDGELLM_PYTHON=$(EDGELLM_PY)"
+
+$(VENV)/.installed-test: $(VENV)/.installed $(EDGELLM_VENV)/.installed
 	ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
 	  CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip wheel -q --no-deps "$(LLAMA_CPP_PIN)" -w $(LLAMA_WHEELS)
 	$(UV) pip install -q --python $(PY) --find-links $(LLAMA_WHEELS) --no-build-isolation-package deepspeed -e '.[test]'
@@ -95,6 +110,7 @@ PYTEST_WORKERS ?= 2
 TEST_TORCH_THREADS := $(shell w=$(PYTEST_WORKERS); n=$$(nproc); t=$$(( w > 1 ? n / w : n )); echo $$(( t > 0 ? t : 1 )))
 TEST_RESULTS := .edgeflow/test-results
 PYTEST = EDGEFLOW_TORCH_THREADS=$${EDGEFLOW_TORCH_THREADS:-$(TEST_TORCH_THREADS)} \
+	EDGEFLOW_EDGELLM_PYTHON=$${EDGEFLOW_EDGELLM_PYTHON:-$(EDGELLM_PY)} \
 	$(PY) -m pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 	--junitxml=$(TEST_RESULTS)/junit.xml
 # `rotated`: the share of the `extended` tests that EDGEFLOW_EXTENDED_SHARE names (tests/rotation.py; .ci/run sets it,

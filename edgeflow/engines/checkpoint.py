@@ -346,10 +346,11 @@ def copy_tokenizer_files(src: Path, dst: Path) -> list[str]:
     return copied
 
 
-def write_gptq_int4(checkpoint_dir: Path, out_dir: Path, scheme: WeightScheme) -> dict[str, int]:
+def write_gptq_int4(checkpoint_dir: Path, out_dir: Path, scheme: WeightScheme, dense_dtype: Any = None) -> dict[str, int]:
     """Rewrite an int4 pack-quantized checkpoint in AutoGPTQ's layout, bit-exactly (nothing re-quantized).
 
-    Dense tensors are kept; every decoder linear becomes qweight/qzeros/scales/g_idx (`gptq_layer`), and
+    Dense tensors are kept (cast to `dense_dtype` when given: a loader that computes in float16 and refuses to mix,
+    as Edge-LLM's does); every decoder linear becomes qweight/qzeros/scales/g_idx (`gptq_layer`), and
     config.json's quantization_config says gptq (bits 4, the scheme's group size, desc_act false). Scales
     must be finite and positive: the loaders divide by them when they re-derive the integers. Returns
     counts of what was written.
@@ -360,7 +361,8 @@ def write_gptq_int4(checkpoint_dir: Path, out_dir: Path, scheme: WeightScheme) -
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = load_tensors(checkpoint_dir)
     dense, prefixes = split_tensors(tensors, Path(checkpoint_dir))
-    out: dict[str, np.ndarray] = dict(dense)
+    out: dict[str, np.ndarray] = {k: (v.astype(dense_dtype) if dense_dtype is not None and np.issubdtype(v.dtype, np.floating)
+                                      else v) for k, v in dense.items()}
     for prefix in prefixes:
         q = layer(tensors, prefix, scheme)
         n_out, n_in = q.q.shape

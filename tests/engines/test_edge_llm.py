@@ -1,9 +1,10 @@
 """CPU tests of the TensorRT Edge-LLM engine backend (edgeflow/engines/edge_llm/), up to the hardware boundary.
 
 Checkpoints are written by hand (config.json, tokenizer files, and for the conversion tests a few tensors
-packed by compressed-tensors' own pack_to_int32). What needs Edge-LLM or the Orin (the exporter, llm_build,
-the runtime) is exercised through its command lines, the exporter's formulas emulated in numpy, and the
-pure compatibility decisions; `test_device_build_load_generate` does the real thing on a JetPack 7.2 Orin.
+packed by compressed-tensors' own pack_to_int32). The real exporter (tensorrt-edgellm 0.11.0, its own venv) runs in
+tests/engines/test_edge_llm_export.py, which holds every exported weight to ours; what needs the Orin (llm_build, the
+runtime) is exercised here through its command lines and the pure compatibility decisions, and
+`test_device_build_load_generate` does the real thing on a JetPack 7.2 Orin.
 """
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ def test_backend_contract_and_profile_file():
         assert callable(getattr(el, name)) or name == "Profile", name
     assert el.available_build_profiles() == ["orin-jp7"]  # tensorrt_llm's YAML profiles are not offered here
     bp = el.load_build_profile("orin-jp7")
-    assert (bp["target"], bp["jetpack"], bp["edge_llm_version"], bp["cuda_version"]) == ("sm87", "7.2", "0.10.0", "13.2")
+    assert (bp["target"], bp["jetpack"], bp["edge_llm_version"], bp["cuda_version"]) == ("sm87", "7.2", "0.11.0", "13.2")
     assert bp["inexact_weights"] == "error" and bp["l4t_release"] is None
 
 
@@ -104,7 +105,7 @@ def test_profile_validation_names_the_field():
 # ---------------------------------------------------------------------------------------------
 
 
-def _export_dir(root: Path, version: str = "0.10.0", precision: str = "fp16") -> Path:
+def _export_dir(root: Path, version: str = "0.11.0", precision: str = "fp16") -> Path:
     """An export directory as the export phase leaves it (engine.json stage export + onnx/llm files)."""
     d = root / "export"
     (d / "onnx" / "llm").mkdir(parents=True)
@@ -157,7 +158,7 @@ def test_phase_decisions(tmp_path):
     with pytest.raises(ValueError, match=r"phase='export' but .* is already an Edge-LLM export"):
         el.plan_build(export, {"phase": "export"}, tmp_path / "eng")
     old = _export_dir(tmp_path / "old", version="0.9.1")
-    with pytest.raises(ValueError, match=r"exported with Edge-LLM 0\.9\.1; .* edge_llm_version=0\.10\.0"):
+    with pytest.raises(ValueError, match=r"exported with Edge-LLM 0\.9\.1; .* edge_llm_version=0\.11\.0"):
         el.plan_build(old, {}, tmp_path / "eng")
     with pytest.raises(ValueError, match=r"max_kv_cache_capacity=2560 exceeds the model's max_position_embeddings=2048"):
         el.plan_build(_ckpt(tmp_path, "short", max_position_embeddings=2048), {}, tmp_path / "eng")
@@ -287,50 +288,6 @@ def _weights_ckpt(root: Path, name: str, weights: dict, seed: int = 0, centred: 
     return d
 
 
-def _exporter_dequant(staged: dict, prefix: str, sym: bool, group_size: int) -> np.ndarray:
-    """Emulate tensorrt_edgellm 0.10.0 on the staged tensors: config.py _detect_gptq_zero_point_offset, then
-    repacking.py repack_gptq_to_plugin (row-packed nibbles, zeros + offset folded, clamp to [0, 15]) and the
-    int4 GEMM's (n - 8) * float16 scale. Returns [out, in]."""
-    qw, qz = staged[f"{prefix}.qweight"].astype(np.int64), staged[f"{prefix}.qzeros"].astype(np.int64)
-    in_features, out_features = qw.shape[0] * 8, qw.shape[1]
-    nibbles = np.zeros((in_features, out_features), dtype=np.int64)
-    for k in range(8):
-        nibbles[k::8, :] = (qw >> (4 * k)) & 0xF
-    zeros = np.zeros((qz.shape[0], out_features), dtype=np.int64)
-    for k in range(8):
-        zeros[:, k::8] = (qz >> (4 * k)) & 0xF
-    all_nibbles = [(int(v) & 0xFFFFFFFF) >> (4 * i) & 0xF for v in qz.flatten()[:1024] for i in range(8)]
-    offset = 0 if sym and all(n == 8 for n in all_nibbles) else 1
-    g_idx = staged[f"{prefix}.g_idx"].astype(np.int64)
-    n = np.clip(nibbles - zeros[g_idx] - offset + 8, 0, 15)
-    scales = staged[f"{prefix}.scales"].astype(np.float16).astype(np.float32)[g_idx]  # GPTQLinear scales: fp16
-    assert np.array_equal(g_idx, np.arange(in_features) // group_size)
-    return ((n - 8).astype(np.float32) * scales).T
-
-
-@pytest.mark.parametrize("weights", [W4_SYM_128, W4_ASYM_128])
-def test_gptq_staging_is_bit_exact_for_the_exporter(tmp_path, weights):
-    ckpt = _weights_ckpt(tmp_path, "q", weights)
-    plan = el.plan_build(ckpt, {}, tmp_path / "out")
-    stats = el.stage_checkpoint(ckpt, tmp_path / "staging", plan["quantization"])
-    staged = load_tensors(tmp_path / "staging")
-    source = load_tensors(ckpt)
-    scheme = WeightScheme(**plan["quantization"]["scheme"])
-    prefixes = sorted({k.rsplit(".", 1)[0] for k in staged if k.endswith(".qweight")})
-    assert len(prefixes) == 7 == stats["linear_layers"]
-    for prefix in prefixes:
-        q = layer(source, prefix, scheme)  # the checkpoint's own dequantized weights: (q - zero) * scale
-        want = (q.q.astype(np.float32) - np.repeat(q.zero, 128, 1)) * np.repeat(q.scale.astype(np.float16).astype(np.float32), 128, 1)
-        got = _exporter_dequant(staged, prefix, weights["symmetric"], 128)
-        np.testing.assert_array_equal(got, want, err_msg=prefix)
-        np.testing.assert_array_equal(el.edge_llm_dequantize(q.q, q.zero, q.scale, 128), want)
-    cfg = json.loads((tmp_path / "staging" / "config.json").read_text())
-    assert cfg["quantization_config"] == {"quant_method": "gptq", "bits": 4, "group_size": 128,
-                                          "sym": weights["symmetric"], "desc_act": False, "checkpoint_format": "gptq"}
-    assert "lm_head.qweight" not in staged and "lm_head.weight" not in staged  # tied: the exporter keeps it fp16
-    assert (tmp_path / "staging" / "tokenizer_config.json").exists()
-
-
 def test_asymmetric_groups_the_kernel_would_clamp_are_refused(tmp_path):
     off = _weights_ckpt(tmp_path, "off", W4_ASYM_128, centred=False)
     plan = el.plan_build(off, {}, tmp_path / "out")
@@ -364,15 +321,15 @@ def test_dequantized_staging_is_exact_in_float16(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 ORIN_72 = {"cuda_available": True, "sm": "sm87", "device_name": "Orin", "tensorrt": "10.16.1.11", "l4t_release": "39.2.0",
-           "jetpack": "7.2", "cuda_version": "13.2", "edge_llm": "0.10.0", "reason": None}
+           "jetpack": "7.2", "cuda_version": "13.2", "edge_llm": "0.11.0", "reason": None}
 X86 = {"cuda_available": False, "sm": None, "tensorrt": None, "l4t_release": None, "jetpack": None,
-       "edge_llm": "0.10.0", "reason": "no nvidia-smi answer and no torch to query CUDA"}
+       "edge_llm": "0.11.0", "reason": "no nvidia-smi answer and no torch to query CUDA"}
 ORIN_61 = {**ORIN_72, "l4t_release": "36.4.0", "jetpack": "6.1", "tensorrt": "10.3.0", "cuda_version": "12.6"}
 
 
 def _engine_meta(**kw) -> dict:
     return {"backend": "edge_llm", "stage": "engine", "api_generation": el.API_GENERATION, "sm": "sm87",
-            "tensorrt": "10.16.1.11", "edge_llm": "0.10.0", "l4t_release": "39.2.0", "jetpack": "7.2", **kw}
+            "tensorrt": "10.16.1.11", "edge_llm": "0.11.0", "l4t_release": "39.2.0", "jetpack": "7.2", **kw}
 
 
 def test_compare_decisions():
@@ -382,7 +339,7 @@ def test_compare_decisions():
         (ORIN_61, r"this device runs JetPack 6\.1 \(L4T 36\.4\.0\).*flash JetPack 7\.2"),
         ({**ORIN_72, "tensorrt": "10.13.3"}, r"TensorRT 10\.16\.1\.11.*has TensorRT 10\.13\.3.*only deserializes"),
         ({**ORIN_72, "sm": "sm110", "device_name": "Thor"}, r"this device is sm110 \(Thor\)"),
-        ({**ORIN_72, "edge_llm": "0.11.0"}, r"Edge-LLM 0\.10\.0; this device has Edge-LLM 0\.11\.0.*install Edge-LLM 0\.10\.0"),
+        ({**ORIN_72, "edge_llm": "0.10.0"}, r"Edge-LLM 0\.11\.0; this device has Edge-LLM 0\.10\.0.*install Edge-LLM 0\.11\.0"),
         ({**ORIN_72, "edge_llm": None}, r"this device has no Edge-LLM"),
     ]
     for device, message in cases:
@@ -409,17 +366,17 @@ def test_engine_build_refused_off_target(tmp_path):
     pinned = el.plan_build(_export_dir(tmp_path / "p"), {"l4t_release": "39.2.0", "tensorrt_version": "10.16"}, tmp_path / "e")
     with pytest.raises(EngineIncompatibleError, match=r"needs TensorRT 10\.16; .* has TensorRT 10\.13\.3"):
         el.check_build_environment(pinned, {**ORIN_72, "jetpack": None, "tensorrt": "10.13.3"})
-    with pytest.raises(RuntimeError, match=r"builds with Edge-LLM 0\.10\.0; this device has 0\.9\.1"):
+    with pytest.raises(RuntimeError, match=r"builds with Edge-LLM 0\.11\.0; this device has 0\.9\.1"):
         el.check_build_environment(pinned, {**ORIN_72, "edge_llm": "0.9.1"})
 
 
 def test_export_environment_and_versions(tmp_path):
     plan = el.plan_build(_ckpt(tmp_path, "dense"), {}, tmp_path / "out")
-    el.check_export_environment(plan, {"edge_llm": "0.10.0"})
-    with pytest.raises(RuntimeError, match=r"tensorrt-edgellm is not installed here"):
+    el.check_export_environment(plan, {"edge_llm": "0.11.0"})
+    with pytest.raises(RuntimeError, match=r"tensorrt-edgellm is not installed for .*Fix: `make edgellm-venv`.*EDGEFLOW_EDGELLM_PYTHON"):
         el.check_export_environment(plan, {"edge_llm": None})
-    with pytest.raises(RuntimeError, match=r"this host has 0\.11\.0"):
-        el.check_export_environment(plan, {"edge_llm": "0.11.0"})
+    with pytest.raises(RuntimeError, match=r"this host has 0\.10\.0"):
+        el.check_export_environment(plan, {"edge_llm": "0.10.0"})
     assert el.parse_version_file('"""x"""\n\n__version__ = "0.10.0"\n') == "0.10.0"
     assert el.parse_version_file('__version__: str = "0.6.1"\n') == "0.6.1"
     assert el.edge_llm_version(tmp_path / "nowhere") is None or importlib.util.find_spec("tensorrt_edgellm")
@@ -431,7 +388,7 @@ def test_output_checks():
     with pytest.raises(RuntimeError, match=r"max_kv_cache_capacity.*'engine': 4096, 'profile': 2560"):
         el.check_engine_config({"builder_config": {"max_batch_size": 2, "max_input_len": 2048, "max_kv_cache_capacity": 4096}}, bp)
     plan = {"build_profile": bp}
-    el.check_export_config({"edgellm_version": "0.10.0", "vocab_size": 32}, plan, {"vocab_size": 32})
+    el.check_export_config({"edgellm_version": "0.11.0", "vocab_size": 32}, plan, {"vocab_size": 32})
     with pytest.raises(RuntimeError, match=r"edgellm_version"):
         el.check_export_config({"edgellm_version": "0.9.1", "vocab_size": 32}, plan, {"vocab_size": 32})
 

@@ -1,6 +1,6 @@
 """build(Path("ckpt"), Path("export"), {}) on the export host; build(Path("export"), Path("eng"), {}) on the Orin; s = load(Path("eng"))
 
-TensorRT Edge-LLM engine backend: Jetson AGX Orin (sm87) on JetPack 7.2, Edge-LLM 0.10.x
+TensorRT Edge-LLM engine backend: Jetson AGX Orin (sm87) on JetPack 7.2, Edge-LLM 0.11.x
 (github.com/NVIDIA/TensorRT-Edge-LLM; Orin is an "Official" platform on JetPack 7.2 in its support matrix).
 
 What it does, per interface function (see `edgeflow/engines/__init__.py`):

@@ -11,13 +11,14 @@ profile's target; `check_export_environment` needs only the exporter at the prof
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 from edgeflow.tracking.artifacts import sha256_json
 from edgeflow.engines import EngineIncompatibleError, engine_dir as edir
-from edgeflow.engines.edge_llm.plan import API_GENERATION, BACKEND, EDGE_LLM_SRC_ENV, edge_llm_src_dir
+from edgeflow.engines.edge_llm.plan import API_GENERATION, BACKEND, EDGE_LLM_SRC_ENV, EXPORTER_PYTHON_ENV, edge_llm_src_dir
 from edgeflow.engines.gpu_host import dist_version, gpu_fingerprint, mmp
 
 _VERSION_FILES = ("tensorrt_edgellm/_version.py", "tensorrt_edgellm/version.py")  # 0.10 / <= 0.7 spelling
@@ -34,12 +35,29 @@ def edge_llm_version(src: Path | None = None) -> str | None:
     have = dist_version("tensorrt-edgellm", "tensorrt_edgellm")
     if have is not None:
         return have
+    if os.environ.get(EXPORTER_PYTHON_ENV):  # an export host: the exporter's own venv
+        return exporter_version(os.environ[EXPORTER_PYTHON_ENV])
     src = Path(src) if src is not None else edge_llm_src_dir({})
     for rel in _VERSION_FILES:
         path = src / rel
         if path.exists():
             return parse_version_file(path.read_text())
     return None
+
+
+def exporter_version(python: str) -> str | None:
+    """The tensorrt-edgellm release installed for `python` (the exporter's interpreter: its own venv, or this one)."""
+    import subprocess
+    import sys
+
+    if Path(python) == Path(sys.executable):
+        return edge_llm_version()
+    try:
+        out = subprocess.run([python, "-c", "from importlib.metadata import version; print(version('tensorrt-edgellm'))"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def device_fingerprint(src: Path | None = None) -> dict[str, Any]:
@@ -136,11 +154,12 @@ def check_compatible(engine_dir: Path) -> None:
 def check_export_environment(plan: dict[str, Any], device: dict[str, Any]) -> None:
     """Refuse to export unless the exporter (tensorrt-edgellm) is installed here at the profile's release."""
     want, have = plan["build_profile"]["edge_llm_version"], device.get("edge_llm")
+    python = (plan.get("commands", {}).get("export") or ["this interpreter"])[0]
     if have is None:
         raise RuntimeError(
             f"build profile {plan['build_profile_name']!r} exports with Edge-LLM {want}; tensorrt-edgellm is not "
-            f"installed here. Fix: pip install the Edge-LLM {want} source tree (pip install -e . in the repository; "
-            "export runs on a CPU host)")
+            f"installed for {python}. Fix: `make edgellm-venv` (a venv of its own with tensorrt-edgellm[export]=={want}; "
+            f"its pins differ from edgeflow's) and set {EXPORTER_PYTHON_ENV} to its bin/python; export runs on a CPU host")
     if mmp(have) != mmp(want):
         raise RuntimeError(
             f"build profile {plan['build_profile_name']!r} exports with Edge-LLM {want}; this host has {have}: the "

@@ -49,6 +49,12 @@ PROFILES_DIR = REPO_ROOT / "deployments" / "engine-profiles"
 EDGE_LLM_SRC_ENV = "EDGEFLOW_EDGELLM_SRC"
 DEFAULT_EDGE_LLM_SRC = "/opt/TensorRT-Edge-LLM"
 
+# The interpreter the exporter runs in. tensorrt-edgellm 0.11.0's `export` extra pins transformers 5.14.1, onnx 1.19.0
+# and numpy 2.2.6 against edgeflow's 5.17 / 1.23 / 2.4, so it lives in a venv of its own (`make edgellm-venv`:
+# ~/.cache/edgeflow/venvs/edgellm-<hash>, the export pool's image the same); this names that venv's python.
+# Unset: this interpreter (a host that installed tensorrt-edgellm beside edgeflow).
+EXPORTER_PYTHON_ENV = "EDGEFLOW_EDGELLM_PYTHON"
+
 # Sub-directory of an export directory holding the exporter's output root (<root>/llm/model.onnx ...).
 ONNX_SUBDIR = "onnx"
 
@@ -238,12 +244,17 @@ def quantization_plan(config: dict[str, Any], build_profile: BuildProfile, where
             "why": _INT4_WHY}
 
 
+def exporter_python() -> str:
+    """The interpreter tensorrt-edgellm's exporter runs in: $EDGEFLOW_EDGELLM_PYTHON, else this one."""
+    return os.environ.get(EXPORTER_PYTHON_ENV) or sys.executable
+
+
 def export_command(build_profile: BuildProfile, staging_dir: Path, onnx_root: Path) -> list[str]:
     """The exporter command line (`python -m` the module behind the `tensorrt-edgellm-export` console script)."""
     return [
         # pyproject.toml [project.scripts] tensorrt-edgellm-export = "tensorrt_edgellm.scripts.export:main";
         # the module form works where the console script is not on PATH
-        sys.executable, "-m", "tensorrt_edgellm.scripts.export",
+        exporter_python(), "-m", "tensorrt_edgellm.scripts.export",
         str(staging_dir), str(onnx_root),  # positional: model, output_dir (tensorrt_edgellm/scripts/export.py)
         "--dtype", build_profile.dtype,
         "--int4-gemm-plugin-version", str(build_profile.int4_gemm_plugin_version),

@@ -2,7 +2,7 @@
 
     python -c "from edgeflow.engines.edge_llm.staging import edge_llm_dequantize; help(edge_llm_dequantize)"
 
-The exporter (tensorrt_edgellm, 0.10.0) takes HF checkpoints: dense float weights, or pre-quantized
+The exporter (tensorrt_edgellm 0.11.0; read in 0.10.0) takes HF checkpoints: dense float weights, or pre-quantized
 ones whose config.json says quant_method "gptq" (AutoGPTQ layout) or "awq", or ModelOpt exports. It does not
 read compressed-tensors. So:
 
@@ -117,7 +117,10 @@ def stage_checkpoint(checkpoint_dir: Path, staging: Path, quant: dict[str, Any])
         for prefix in prefixes:  # refuse before writing anything the exporter would change
             check_int4_exact(prefix, layer(tensors, prefix, scheme))
         del tensors
-        stats = write_gptq_int4(checkpoint_dir, staging, scheme)
+        # norms, biases and embeddings in float16 too, what the Orin kernels compute in: left float32 (edgeflow's
+        # students are saved so), tensorrt-edgellm 0.11.0's exporter traced float32 activations into its int4
+        # linears and stopped ("GPTQLinear expects float16 input, got torch.float32")
+        stats = write_gptq_int4(checkpoint_dir, staging, scheme, dense_dtype=np.float16)
     else:  # pragma: no cover - quantization_plan only produces the kinds above
         raise ValueError(f"unknown staging kind {kind!r}")
     copy_tokenizer_files(checkpoint_dir, staging)
