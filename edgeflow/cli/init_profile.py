@@ -100,16 +100,32 @@ def placement(hosts: list[str]) -> tuple[dict[str, str], str]:
             "do not have falls back to the next one, and to inline (this host)")
 
 
-def engine_for(arch, hosts: list[str]) -> tuple[str, str]:
-    from edgeflow.model.architecture import BACKEND_FAMILIES, RUNS
+# The Orin's engines, in order of preference, each with the build profile for the Orin's JetPack: TensorRT-LLM's
+# Jetson branch (v0.12.0-jetson, JetPack 6.1), then TensorRT Edge-LLM (JetPack 7.2). What neither runs (Gemma 2:
+# TensorRT-LLM has it from 0.13, Edge-LLM not at all) goes to llama.cpp built with CUDA on the device.
+ORIN_ENGINES = (("tensorrt_llm", {"build_profile": "orin-agx"}), ("edge_llm", {"build_profile": "orin-jp7"}))
+
+
+def engine_for(arch, config: dict, hosts: list[str]) -> tuple[str, dict, str]:
+    """(backend, its engine profile, why) for the hosts the profile has."""
+    from edgeflow.engines import check_model
+    from edgeflow.model.architecture import BACKEND_FAMILIES, RUNS, check_backend
 
     runs = [b for b, fams in BACKEND_FAMILIES.items() if fams.get(arch.model_type) == RUNS]
     if "orin" in hosts:
-        for b in ("tensorrt_llm", "edge_llm"):
-            if b in runs:
-                return b, f"on the Orin: {b} runs {arch.family} (engines that run it: {', '.join(runs)})"
+        refused = []
+        for b, prof in ORIN_ENGINES:
+            try:
+                check_backend(arch, b)
+                check_model(b, config, prof, "the model's config.json")  # the family at that release
+            except ValueError as e:
+                refused.append(f"{b} ({prof['build_profile']}) refuses it: {str(e).split('; ')[0]}")
+                continue
+            return b, prof, f"on the Orin: {b} with build profile {prof['build_profile']} runs {arch.family}"
+        return "llama_cpp", {}, (f"on the Orin: llama_cpp, built with CUDA there (CMAKE_ARGS=-DGGML_CUDA=on), the "
+                                 f"engine that runs {arch.family} on an Orin: " + "; ".join(refused))
     choice = "cpu_native" if "cpu_native" in runs else runs[0]
-    return choice, f"the CPU engine, for a first run anywhere (engines that run {arch.family}: {', '.join(runs)})"
+    return choice, {}, f"the CPU engine, for a first run anywhere (engines that run {arch.family}: {', '.join(runs)})"
 
 
 def render(model: str, name: str, hosts: list[str], out: Path) -> str:
@@ -125,7 +141,8 @@ def render(model: str, name: str, hosts: list[str], out: Path) -> str:
               "intermediate_size": arch.intermediate_size}
     g = group_size(widths)
     keep = max(1, (arch.num_hidden_layers + 1) // 2)
-    engine, why_engine = engine_for(arch, hosts)
+    engine, engine_profile, why_engine = engine_for(arch, config, hosts)
+    engine_lines = "".join(f"\n  profile: {{{k}: {v}}}" for k, v in engine_profile.items())
     where_, why_place = placement(hosts)
     recipes = {v: _recipe_for(v, g, out.parent) for v in RECIPES}
     advice = cut_advice(arch, keep)
@@ -162,8 +179,8 @@ quantize:
     - name: gptq-w4a16
       recipe: {recipes["gptq-w4a16"]}
 engine:
-  # {why_engine}
-  backend: {engine}
+{chr(10).join("  # " + line for line in textwrap.wrap(why_engine, 112))}
+  backend: {engine}{engine_lines}
 registry:
   model_name: {name}
 placement:

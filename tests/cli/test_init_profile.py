@@ -30,6 +30,7 @@ def test_init_on_the_converted_smollm2_teacher_writes_a_profile_that_loads(teach
     assert "Worth knowing" not in text  # 15 of 30 layers: 40 % smaller
     assert "Group size 64" in text and all("deployments/recipes/" in v.recipe for v in p.quantize.variants)  # 576: not 128
     assert p.engine.backend == "tensorrt_llm"  # an orin pool: the Jetson engine that runs Llama
+    assert p.engine.profile == {"build_profile": "orin-agx"}  # at the Jetson branch's build profile, not the A100's
     assert p.placement.where("distill") == "a100" and p.placement.where("build_engine") == "orin"
     assert p.placement.where("register") == "cpu"
     assert p.calibration.ratios == {"chat": 5, "wiki": 3, "math": 2}
@@ -108,3 +109,25 @@ def test_bad_arguments_are_exit_2(tmp_path, teacher_dir):
     r = subprocess.run([str(EDGEFLOW), "init", str(teacher_dir), "--out", str(tmp_path / "q.yaml"), "--hosts", "tpu"],
                        capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert r.returncode == 2 and "['tpu'] are not pools" in r.stderr
+
+
+@pytest.mark.parametrize("family, backend, profile, says", [
+    ("gemma2", "llama_cpp", {}, ["llama_cpp, built with CUDA there", "tensorrt_llm (orin-agx) refuses it",
+                                 "converts from TensorRT-LLM 0.13.0", "TensorRT Edge-LLM supports no Gemma 2"]),
+    ("qwen3", "edge_llm", {"build_profile": "orin-jp7"}, ["edge_llm with build profile orin-jp7 runs Qwen3"]),
+    ("qwen2", "tensorrt_llm", {"build_profile": "orin-agx"}, ["tensorrt_llm with build profile orin-agx runs Qwen2"]),
+])
+def test_an_orin_host_gets_the_engine_that_runs_the_family_there_and_why(tmp_path, family, backend, profile, says):
+    """Gemma 2, the 9B users put on an AGX Orin: TensorRT-LLM's Jetson branch (0.12) lacks it and Edge-LLM has none,
+    so init picks llama.cpp built with CUDA on the device and names both refusals; a family the Jetson branch does
+    not convert but Edge-LLM does (Qwen3) gets Edge-LLM; one it converts gets it, at the Orin's build profile."""
+    from edgeflow.model.tiny import build_tiny
+
+    model = build_tiny(family, tmp_path / family, hidden_size=128, intermediate_size=256, head_dim=32)
+    out = write(str(model), tmp_path / f"{family}.yaml", hosts=["a100", "orin", "cpu"])
+    p = load_profile(out)
+    assert (p.engine.backend, p.engine.profile) == (backend, profile)
+    text = " ".join(line.strip().lstrip("# ") for line in out.read_text().splitlines())
+    for phrase in says:
+        assert phrase in text, (phrase, text[text.index("engine:"):][:800])
+
