@@ -125,9 +125,11 @@ def _device_for(slot: int) -> str:
 
 
 def quantize(
-    student_dir: Path, recipe: dict, calibration_ids: list[list[int]], out_dir: Path, slot: int = 0
+    student_dir: Path, recipe: dict, calibration_ids: list[list[int]], out_dir: Path, slot: int = 0,
+    device: str | None = None,
 ) -> dict:
-    """Setup → oneshot → save compressed. Returns facts about the produced checkpoint."""
+    """Setup → oneshot → save compressed. Returns facts about the produced checkpoint. `device`: where to run it
+    (default: the slot's GPU when there is one, else the CPU; `edgeflow doctor` runs the same recipe on both)."""
     from datasets import Dataset
     from llmcompressor import oneshot
     from llmcompressor.core import create_session
@@ -136,7 +138,7 @@ def quantize(
     _cpu_pin_memory_workaround()
     tokenizer = AutoTokenizer.from_pretrained(student_dir)  # oneshot needs a processor even for pre-tokenized data
     model = AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float32,
-                                                 **transformers_kwargs(student_dir)).to(_device_for(slot))
+                                                 **transformers_kwargs(student_dir)).to(device or _device_for(slot))
     check_group_sizes(model, recipe)
 
     ds = Dataset.from_dict(

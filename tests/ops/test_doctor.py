@@ -53,7 +53,7 @@ def test_a_gpu_role_on_a_host_without_a_gpu_fails_naming_what_is_missing_and_sti
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     report = json.loads((out / "doctor.json").read_text())
     by = {c["name"]: c for c in report["checks"]}
-    assert list(by) == ["versions", "device", "cuda", "dtypes", "backend:tensorrt_llm", "model", "distill",
+    assert list(by) == ["versions", "device", "cuda", "dtypes", "backend:tensorrt_llm", "model", "distill", "gptq",
                         "engine:tensorrt_llm:int4"]
     assert by["versions"]["status"] == by["device"]["status"] == "pass"
     assert by["cuda"]["status"] == "fail"
@@ -61,7 +61,7 @@ def test_a_gpu_role_on_a_host_without_a_gpu_fails_naming_what_is_missing_and_sti
     # the runtime the profile's backend needs: the package and how to install it
     tl = by["backend:tensorrt_llm"]
     assert tl["status"] == "fail" and "tensorrt-llm==1.2.1" in tl["reason"] and "Fix: install TensorRT-LLM" in tl["reason"]
-    for name in ("dtypes", "model", "distill", "engine:tensorrt_llm:int4"):
+    for name in ("dtypes", "model", "distill", "gptq", "engine:tensorrt_llm:int4"):
         assert by[name]["status"] == "skip" and "needs the cuda check, which fail" in by[name]["reason"], by[name]
     assert "FAILED cuda: role a100 needs a CUDA GPU" in r.stderr and "FAILED backend:tensorrt_llm" in r.stderr
     assert "| cuda | fail |" in (out / "doctor.md").read_text()
@@ -111,3 +111,32 @@ def test_an_engine_that_computes_another_model_fails_naming_its_agreement(small_
     assert f"needs {checks.MIN_CORRELATION}" in msg and "attach this report" in msg
     monkeypatch.setattr(checks, "_reference_logits", real)
     assert checks.engine(small_host, "cpu_native", "dense")["top1_agreement"] == 1.0  # its own model: agrees
+
+
+def test_the_gpu_roles_gptq_check_runs_here_and_compares_two_quantizations_code_by_code(small_host):
+    """The a100 role's GPTQ check is the quantize stage's quantize() on a device it is given: here the CPU (one run;
+    on a GPU host it runs again on the CPU). Its comparison holds two checkpoints code by code: two CPU runs of one
+    recipe agree on every code; a checkpoint with codes changed does not, by the share changed."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    from edgeflow.engines.checkpoint import WeightScheme
+
+    small_host.device = "cpu"
+    got = checks.gptq(small_host)
+    assert got["compared"].startswith("the role's device is the CPU") and got["cpu.weight_error_mean"] > 0
+    again = small_host.work / "gptq-again"
+    import shutil
+
+    shutil.copytree(small_host.work / "gptq-cpu", again)
+    scheme = WeightScheme(bits=4, strategy="group", group_size=64, symmetric=True, format="pack-quantized")
+    assert checks.gptq_agreement(small_host.work / "gptq-cpu", again, scheme) == (1.0, 0.0)
+    f = next(again.glob("*.safetensors"))
+    t = load_file(str(f))
+    key = next(k for k in t if k.endswith("mlp.down_proj.weight_packed"))
+    t[key] = np.bitwise_xor(t[key], np.int32(0x11111111))  # every code of one linear changed
+    save_file(t, str(f), metadata={"format": "pt"})
+    agreement, _ = checks.gptq_agreement(small_host.work / "gptq-cpu", again, scheme)
+    # one layer's down_proj (64 x 128 codes) of 8 layers of 36,864 codes each, every one of its codes changed
+    assert agreement == pytest.approx(1 - 64 * 128 / (8 * 36_864)), agreement
+

@@ -345,3 +345,67 @@ def distill(host: Host) -> dict[str, Any]:
         raise Failed(f"{DISTILL_STEPS} distillation steps on {host.device} did not train: losses {totals[0]:.4g} -> "
                      f"{totals[-1]:.4g} (finite and falling expected)")
     return out
+
+
+# GPTQ on the role's GPU against the same recipe, data and model on the CPU: the share of int4 codes that must agree.
+# Both run GPTQ's column-by-column rounding in fp32 on the same Hessian; a code differs only where the two devices'
+# summation order moves a value across a rounding boundary (and the error feedback carries it along its row), which
+# is rare, while a broken kernel or driver changes most of them. Unverified on GPU: the first A100 run states it.
+MIN_GPTQ_CODE_AGREEMENT = 0.99
+GPTQ_RECIPE = "deployments/recipes/gptq-w4a16-sym.yaml"
+
+
+def gptq(host: Host) -> dict[str, Any]:
+    """The shipped GPTQ W4A16 recipe (llm-compressor, through the quantize stage's quantize()) on the tiny model, on
+    the role's device and on the CPU, with 16 calibration sequences of 64 tokens; their int4 codes and scales side by
+    side, and each one's weight error against the dense model."""
+    import numpy as np
+
+    from edgeflow.engines.checkpoint import WeightScheme
+    from edgeflow.model.tiny import VOCAB
+    from edgeflow.paths import REPO_ROOT
+    from edgeflow.quantize.recipe import load_recipe
+    from edgeflow.quantize.run import quantize
+
+    host.need("model")
+    recipe = load_recipe(REPO_ROOT / GPTQ_RECIPE)
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(8, VOCAB, 64).tolist() for _ in range(16)]
+    out: dict[str, Any] = {"recipe": GPTQ_RECIPE, "calibration": [len(ids), 64]}
+    made = {}
+    for dev in dict.fromkeys((host.device, "cpu")):  # the role's device first; the CPU once either way
+        t0 = time.perf_counter()
+        info = quantize(host.model["dense"], recipe, ids, host.work / f"gptq-{dev}", device=dev)
+        errors = list(info["weight_error"].values())
+        out[f"{dev}.seconds"] = round(time.perf_counter() - t0, 2)
+        out[f"{dev}.weight_error_mean"] = round(float(np.mean(errors)), 5)
+        made[dev] = host.work / f"gptq-{dev}"
+    if len(made) == 1:
+        return out | {"compared": "the role's device is the CPU: one run"}
+    scheme = WeightScheme(**info["scheme"], strategy="group", format="pack-quantized")
+    agreement, worst_scale = gptq_agreement(made[host.device], made["cpu"], scheme)
+    out |= {"code_agreement": round(agreement, 5), "scale_max_rel_diff": worst_scale}
+    if agreement < MIN_GPTQ_CODE_AGREEMENT:
+        raise Failed(f"GPTQ on {host.device} and on the CPU agree on only {agreement:.2%} of the int4 codes (needs "
+                     f"{MIN_GPTQ_CODE_AGREEMENT:.0%}): the GPU's quantization differs from the CPU's; attach this report")
+    return out
+
+
+def gptq_agreement(a_dir: Path, b_dir: Path, scheme) -> tuple[float, float]:
+    """(share of equal int4 codes over every quantized linear, largest scale difference relative to the layer's largest
+    scale) between two checkpoints of one model and recipe."""
+    import numpy as np
+
+    from edgeflow.engines.checkpoint import layer, load_tensors, split_tensors
+
+    a, b = load_tensors(a_dir), load_tensors(b_dir)
+    _, prefixes = split_tensors(a, a_dir)
+    same = total = 0
+    worst = 0.0
+    for prefix in prefixes:
+        la, lb = layer(a, prefix, scheme), layer(b, prefix, scheme)
+        same += int((la.q == lb.q).sum())
+        total += la.q.size
+        worst = max(worst, float(np.abs(la.scale - lb.scale).max() / np.abs(lb.scale).max()))
+    return same / total, worst
+
