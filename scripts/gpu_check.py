@@ -281,22 +281,11 @@ def reference_on(device, teacher: Path, quantized: dict[str, Path], seqs, prompt
                                  device=str(device))
 
 
-def compare_references(a, b) -> dict[str, Any]:
-    import numpy as np
-
-    argmax = np.concatenate([x[:, 0] == y[:, 0] for x, y in zip(a.topk_ids, b.topk_ids)])
-    top1_logp = max(float(np.abs(x[:, 0] - y[:, 0]).max()) for x, y in zip(a.topk_logp, b.topk_logp))
-    target = max(float(np.abs(x - y).max()) for x, y in zip(a.target_logp, b.target_logp))
-    fq = {n: float(np.mean(np.concatenate([x == y for x, y in zip(a.fakeq_argmax[n], b.fakeq_argmax[n])])))
-          for n in a.fakeq_argmax}
-    return {"argmax_agreement": float(argmax.mean()), "max_abs_top1_logp": top1_logp, "max_abs_target_logp": target,
-            "greedy_equal": a.continuations == b.continuations, "fakeq_argmax_agreement": fq}
-
-
 def step_gate(args) -> dict:
     require("gate")
     from transformers import AutoTokenizer
 
+    from edgeflow.ops.doctor.checks import compare_references
     from edgeflow.pipeline.gate_reference import SPEED_QUESTION
     from edgeflow.preflight import load_profile
     from edgeflow.engines import get_backend

@@ -54,14 +54,14 @@ def test_a_gpu_role_on_a_host_without_a_gpu_fails_naming_what_is_missing_and_sti
     report = json.loads((out / "doctor.json").read_text())
     by = {c["name"]: c for c in report["checks"]}
     assert list(by) == ["versions", "device", "cuda", "dtypes", "backend:tensorrt_llm", "model", "distill", "gptq",
-                        "engine:tensorrt_llm:int4"]
+                        "gate-reference", "engine:tensorrt_llm:int4"]
     assert by["versions"]["status"] == by["device"]["status"] == "pass"
     assert by["cuda"]["status"] == "fail"
     assert "role a100 needs a CUDA GPU (sm80 or newer" in by["cuda"]["reason"] and "--role cpu" in by["cuda"]["reason"]
     # the runtime the profile's backend needs: the package and how to install it
     tl = by["backend:tensorrt_llm"]
     assert tl["status"] == "fail" and "tensorrt-llm==1.2.1" in tl["reason"] and "Fix: install TensorRT-LLM" in tl["reason"]
-    for name in ("dtypes", "model", "distill", "gptq", "engine:tensorrt_llm:int4"):
+    for name in ("dtypes", "model", "distill", "gptq", "gate-reference", "engine:tensorrt_llm:int4"):
         assert by[name]["status"] == "skip" and "needs the cuda check, which fail" in by[name]["reason"], by[name]
     assert "FAILED cuda: role a100 needs a CUDA GPU" in r.stderr and "FAILED backend:tensorrt_llm" in r.stderr
     assert "| cuda | fail |" in (out / "doctor.md").read_text()
@@ -139,4 +139,19 @@ def test_the_gpu_roles_gptq_check_runs_here_and_compares_two_quantizations_code_
     agreement, _ = checks.gptq_agreement(small_host.work / "gptq-cpu", again, scheme)
     # one layer's down_proj (64 x 128 codes) of 8 layers of 36,864 codes each, every one of its codes changed
     assert agreement == pytest.approx(1 - 64 * 128 / (8 * 36_864)), agreement
+
+    # the gate's torch half on the GPTQ checkpoint just made: one run here; two runs of it compared agree everywhere
+    small_host.results["gptq"] = "pass"
+    ref = checks.gate_reference(small_host)
+    assert ref["compared"].startswith("the role's device is the CPU") and ref["sequences"] > 0 and ref["cpu.seconds"] > 0
+    from edgeflow.evaluation.reference import compute_reference
+
+    dense = small_host.model["dense"]
+    seqs = [[9, 10, 11, 12, 13, 14], [20, 21, 22, 23]]
+    one, two = (compute_reference(dense, {"q": small_host.work / "gptq-cpu"}, seqs, seqs[:1], 4, 8, seqs[0], [1])
+                for _ in range(2))
+    same = checks.compare_references(one, two)
+    assert same["argmax_agreement"] == 1.0 and same["greedy_equal"] and same["fakeq_argmax_agreement"] == {"q": 1.0}
+    other = compute_reference(again, {"q": again}, seqs, seqs[:1], 4, 8, seqs[0], [1])  # int4 weights as the FP model
+    assert checks.compare_references(one, other)["max_abs_target_logp"] > 0
 

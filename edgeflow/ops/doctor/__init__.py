@@ -10,6 +10,7 @@ Roles and their checks (checks.py holds each one and what it measures):
           weights, llama_cpp on int4, and the profile's backend if it is another CPU one
     a100  versions, device, a CUDA GPU of sm80+, dtypes on it (bf16 included), the backend importable, the tiny
           model, 20 distillation steps on the GPU(s), GPTQ W4A16 on the GPU against the same recipe on the CPU,
+          the gate's torch half (FP reference and fake-quantized twins) on the GPU against the CPU,
           build/load/score/decode of the profile's backend
     orin  versions, device, a CUDA GPU of sm87, dtypes on it, the backend importable, the tiny model, the backend's
           build/load/score/decode
@@ -66,7 +67,8 @@ def plan(role: str, profile: Profile) -> list[Check]:
         return out
     out += [(f"backend:{backend}", partial(checks.backend_import, name=backend)), ("model", _on_gpu(checks.model))]
     if role == "a100":
-        out += [("distill", _on_gpu(checks.distill)), ("gptq", _on_gpu(checks.gptq))]
+        out += [("distill", _on_gpu(checks.distill)), ("gptq", _on_gpu(checks.gptq)),
+                ("gate-reference", _on_gpu(checks.gate_reference))]
     out.append((f"engine:{backend}:int4", _on_gpu(partial(checks.engine, name=backend, weights="int4",
                                                            profile=profile.engine.profile))))
     return out

@@ -409,3 +409,62 @@ def gptq_agreement(a_dir: Path, b_dir: Path, scheme) -> tuple[float, float]:
         worst = max(worst, float(np.abs(la.scale - lb.scale).max() / np.abs(lb.scale).max()))
     return same / total, worst
 
+
+
+# The gate's torch half on the role's GPU against the CPU: the share of positions whose FP argmax must agree. Both
+# score in fp32 (compute_reference); only summation order differs, which flips an argmax only at a near-tie, while a
+# wrong kernel or a half-precision path scatters them. Unverified on GPU: the first A100 run states it.
+MIN_REFERENCE_ARGMAX_AGREEMENT = 0.98
+# Evaluation texts, greedy prompts and tokens the check scores: the gate's settings, capped so it takes seconds.
+REFERENCE_CAPS = {"num_prompts": 24, "max_tokens": 64, "greedy_prompts": 4, "greedy_tokens": 16}
+
+
+def gate_reference(host: Host) -> dict[str, Any]:
+    """The gate's torch half (edgeflow.evaluation.reference.compute_reference: the FP model's top-k log-probabilities,
+    the target log-probabilities, greedy continuations, and the GPTQ checkpoints' fake-quantized twins) on the role's
+    device and on the CPU, over the profile's evaluation sources tokenized by the tiny model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from edgeflow.engines.engine_dir import stop_ids
+    from edgeflow.evaluation.gate import eval_texts, greedy_prompts, tokenize
+    from edgeflow.evaluation.reference import compute_reference
+    from edgeflow.paths import REPO_ROOT
+
+    host.need("model", "gptq")
+    gate = host.profile.gate
+    caps = {k: min(getattr(gate, k), v) for k, v in REFERENCE_CAPS.items()}
+    dense = host.model["dense"]
+    tok = AutoTokenizer.from_pretrained(dense)
+    sources = {d: REPO_ROOT / p for d, p in gate.eval_sources.items()}
+    seqs = tokenize(eval_texts(sources, caps["num_prompts"], tok), tok, caps["max_tokens"])
+    prompts = greedy_prompts(seqs, caps["greedy_prompts"])
+    quantized = {d: host.work / f"gptq-{d}" for d in dict.fromkeys((host.device, "cpu"))}
+    refs, out = {}, {"sequences": len(seqs), "prompts": len(prompts)}
+    for dev in dict.fromkeys((host.device, "cpu")):
+        t0 = time.perf_counter()
+        refs[dev] = compute_reference(dense, quantized, seqs, prompts, caps["greedy_tokens"], gate.reference_top_k,
+                                      prompts[0], stop_ids(dense), device=dev)
+        out[f"{dev}.seconds"] = round(time.perf_counter() - t0, 2)
+    if len(refs) == 1:
+        return out | {"compared": "the role's device is the CPU: one run"}
+    out |= compare_references(refs[host.device], refs["cpu"])
+    if out["argmax_agreement"] < MIN_REFERENCE_ARGMAX_AGREEMENT:
+        raise Failed(f"the gate's FP reference on {host.device} and on the CPU agree on the argmax at only "
+                     f"{out['argmax_agreement']:.2%} of positions (needs {MIN_REFERENCE_ARGMAX_AGREEMENT:.0%}): the GPU "
+                     "scores another model; attach this report")
+    return out
+
+
+def compare_references(a, b) -> dict[str, Any]:
+    """Two compute_reference results of one model and data side by side: argmax agreement, the largest differences
+    of the top-1 and target log-probabilities, whether the greedy continuations are equal, and each fake-quantized
+    twin's argmax agreement."""
+    import numpy as np
+
+    argmax = np.concatenate([x[:, 0] == y[:, 0] for x, y in zip(a.topk_ids, b.topk_ids)])
+    top1_logp = max(float(np.abs(x[:, 0] - y[:, 0]).max()) for x, y in zip(a.topk_logp, b.topk_logp))
+    target = max(float(np.abs(x - y).max()) for x, y in zip(a.target_logp, b.target_logp))
+    fq = {n: float(np.mean(np.concatenate([x == y for x, y in zip(a.fakeq_argmax[n], b.fakeq_argmax[n])])))
+          for n in a.fakeq_argmax}
+    return {"argmax_agreement": float(argmax.mean()), "max_abs_top1_logp": top1_logp, "max_abs_target_logp": target,
+            "greedy_equal": a.continuations == b.continuations, "fakeq_argmax_agreement": fq}
