@@ -39,7 +39,7 @@ REFERENCE_FORMAT = 1
 
 class HFScorer:
     """Teacher-forced logits from a transformers checkpoint: dense, or compressed-tensors as its fake-quantized twin.
-    The model and its inputs live on `device` (the CPU, or CUDA for scripts/gpu_check.py); outputs come back as numpy."""
+    The model and its inputs live on `device` (the CPU, or CUDA: `edgeflow doctor --role a100`); outputs come back as numpy."""
 
     def __init__(self, model_dir: Path, device: str = "cpu"):
         from edgeflow.engines.checkpoint import load_dequantized
