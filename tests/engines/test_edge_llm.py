@@ -118,9 +118,10 @@ def _export_dir(root: Path, version: str = "0.11.0", precision: str = "fp16") ->
     return d
 
 
-def test_export_phase_command_line(tmp_path):
+def test_export_phase_command_line(tmp_path, monkeypatch):
     ckpt = _ckpt(tmp_path, "dense")
     out = tmp_path / "out"
+    monkeypatch.delenv("EDGEFLOW_EDGELLM_PYTHON", raising=False)  # unset: the exporter runs in this interpreter
     plan = el.plan_build(ckpt, {}, out)
     assert plan["phase"] == "export" and plan["commands"]["build"] is None
     staging = str(tmp_path / "out.work" / "staging")
@@ -132,6 +133,10 @@ def test_export_phase_command_line(tmp_path):
     assert plan["quantization"]["precision"] == "fp16" and plan["quantization"]["exact"] is True
     legacy = el.plan_build(ckpt, {"int4_gemm_plugin_version": 1}, out)
     assert _flag(legacy["commands"]["export"], "--int4-gemm-plugin-version") == "1"
+    # the exporter's own venv (`make edgellm-venv`), named by EDGEFLOW_EDGELLM_PYTHON, runs it instead
+    monkeypatch.setenv("EDGEFLOW_EDGELLM_PYTHON", "/opt/edgellm-venv/bin/python")
+    assert el.plan_build(ckpt, {}, out)["commands"]["export"][:3] == [
+        "/opt/edgellm-venv/bin/python", "-m", "tensorrt_edgellm.scripts.export"]
 
 
 def test_engine_phase_command_line(tmp_path, monkeypatch):
@@ -370,7 +375,8 @@ def test_engine_build_refused_off_target(tmp_path):
         el.check_build_environment(pinned, {**ORIN_72, "edge_llm": "0.9.1"})
 
 
-def test_export_environment_and_versions(tmp_path):
+def test_export_environment_and_versions(tmp_path, monkeypatch):
+    monkeypatch.delenv("EDGEFLOW_EDGELLM_PYTHON", raising=False)
     plan = el.plan_build(_ckpt(tmp_path, "dense"), {}, tmp_path / "out")
     el.check_export_environment(plan, {"edge_llm": "0.11.0"})
     with pytest.raises(RuntimeError, match=r"tensorrt-edgellm is not installed for .*Fix: `make edgellm-venv`.*EDGEFLOW_EDGELLM_PYTHON"):
@@ -380,6 +386,13 @@ def test_export_environment_and_versions(tmp_path):
     assert el.parse_version_file('"""x"""\n\n__version__ = "0.10.0"\n') == "0.10.0"
     assert el.parse_version_file('__version__: str = "0.6.1"\n') == "0.6.1"
     assert el.edge_llm_version(tmp_path / "nowhere") is None or importlib.util.find_spec("tensorrt_edgellm")
+    # an export host: the release its exporter's venv has, asked of that interpreter
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\necho 0.11.0\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("EDGEFLOW_EDGELLM_PYTHON", str(fake))
+    assert el.edge_llm_version(tmp_path / "nowhere") == "0.11.0" and el.exporter_version(str(fake)) == "0.11.0"
+    assert el.exporter_version(str(tmp_path / "no-such-python")) is None
 
 
 def test_output_checks():

@@ -49,6 +49,7 @@ from edgeflow.engines.edge_llm.device import (
     compare,
     device_fingerprint,
     edge_llm_version,
+    exporter_version,
     parse_version_file,
 )
 from edgeflow.engines.edge_llm.engine import ENGINE_FILES, build, engine_meta
@@ -65,6 +66,7 @@ from edgeflow.engines.edge_llm.plan import (
     check_engine_config,
     check_export_config,
     export_command,
+    exporter_python,
     load_build_profile,
     plan_build,
     quantization_plan,
@@ -93,7 +95,7 @@ __all__ = [
     "available_build_profiles", "build", "build_command", "build_identity", "build_identity_of", "cache_key",
     "check_build_environment", "check_compatible", "check_engine_config", "check_export_config",
     "check_export_environment", "check_int4_exact", "compare", "device_fingerprint", "device_memory_used",
-    "device_utilization", "edge_llm_dequantize", "edge_llm_version", "engine_meta", "export_command", "generate",
+    "device_utilization", "edge_llm_dequantize", "edge_llm_version", "engine_meta", "export_command", "exporter_python", "exporter_version", "generate",
     "load", "load_build_profile", "parse_version_file", "plan_build", "prompt_text", "quantization_plan",
     "resolve_profile", "run_export", "sampler_fields", "sampling_support", "score", "special_token_ids",
     "stage_checkpoint",
