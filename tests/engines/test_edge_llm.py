@@ -388,7 +388,7 @@ def test_export_environment_and_versions(tmp_path, monkeypatch):
     assert el.edge_llm_version(tmp_path / "nowhere") is None or importlib.util.find_spec("tensorrt_edgellm")
     # an export host: the release its exporter's venv has, asked of that interpreter
     fake = tmp_path / "python"
-    fake.write_text(f"#!/bin/sh\necho 0.11.0\n")
+    fake.write_text("#!/bin/sh\necho 0.11.0\n")
     fake.chmod(0o755)
     monkeypatch.setenv("EDGEFLOW_EDGELLM_PYTHON", str(fake))
     assert el.edge_llm_version(tmp_path / "nowhere") == "0.11.0" and el.exporter_version(str(fake)) == "0.11.0"
