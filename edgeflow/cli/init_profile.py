@@ -142,7 +142,7 @@ def render(model: str, name: str, hosts: list[str], out: Path) -> str:
     g = group_size(widths)
     keep = max(1, (arch.num_hidden_layers + 1) // 2)
     engine, engine_profile, why_engine = engine_for(arch, config, hosts)
-    engine_lines = "".join(f"\n  profile: {{{k}: {v}}}" for k, v in engine_profile.items())
+    engine_lines = ("\n  profile: {" + ", ".join(f"{k}: {v}" for k, v in engine_profile.items()) + "}") if engine_profile else ""
     where_, why_place = placement(hosts)
     recipes = {v: _recipe_for(v, g, out.parent) for v in RECIPES}
     advice = cut_advice(arch, keep)

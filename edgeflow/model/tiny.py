@@ -61,19 +61,25 @@ FAMILY_TOKENS: dict[str, tuple[list[str], str | None, str, str]] = {
 CORPORA = REPO_ROOT / "data" / "corpora"
 
 
+def corpus_texts() -> list[str]:
+    """Every string field of every record of the shipped corpora (data/corpora/*.jsonl), in file order: what the tiny
+    tokenizers are trained on and `edgeflow doctor` distils with."""
+    import json
+
+    return [v for f in sorted(CORPORA.glob("*.jsonl")) for line in f.read_text().splitlines() if line.strip()
+            for v in json.loads(line).values() if isinstance(v, str)]
+
+
 def family_tokenizer(model_type: str, out: Path) -> Path:
     """A byte-level BPE tokenizer of VOCAB tokens trained on the shipped corpora, with `model_type`'s special tokens
     (ids 0..), bos/eos and chat template, saved to `out` (tokenizer.json and its config)."""
-    import json
-
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     specials, bos, eos, template = FAMILY_TOKENS[model_type]
     if template.endswith(".jinja"):
         template = (REPO_ROOT / "configs" / "chat_templates" / template).read_text()
-    texts = [v for f in sorted(CORPORA.glob("*.jsonl")) for line in f.read_text().splitlines() if line.strip()
-             for v in json.loads(line).values() if isinstance(v, str)]
+    texts = corpus_texts()
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

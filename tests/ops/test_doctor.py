@@ -120,7 +120,6 @@ def test_the_gpu_roles_gptq_check_runs_here_and_compares_two_quantizations_code_
     import numpy as np
     from safetensors.numpy import load_file, save_file
 
-    from edgeflow.engines.checkpoint import WeightScheme
 
     small_host.device = "cpu"
     got = checks.gptq(small_host)
@@ -129,14 +128,13 @@ def test_the_gpu_roles_gptq_check_runs_here_and_compares_two_quantizations_code_
     import shutil
 
     shutil.copytree(small_host.work / "gptq-cpu", again)
-    scheme = WeightScheme(bits=4, strategy="group", group_size=64, symmetric=True, format="pack-quantized")
-    assert checks.gptq_agreement(small_host.work / "gptq-cpu", again, scheme) == (1.0, 0.0)
+    assert checks.gptq_agreement(small_host.work / "gptq-cpu", again) == (1.0, 0.0)
     f = next(again.glob("*.safetensors"))
     t = load_file(str(f))
     key = next(k for k in t if k.endswith("mlp.down_proj.weight_packed"))
     t[key] = np.bitwise_xor(t[key], np.int32(0x11111111))  # every code of one linear changed
     save_file(t, str(f), metadata={"format": "pt"})
-    agreement, _ = checks.gptq_agreement(small_host.work / "gptq-cpu", again, scheme)
+    agreement, _ = checks.gptq_agreement(small_host.work / "gptq-cpu", again)
     # one layer's down_proj (64 x 128 codes) of 8 layers of 36,864 codes each, every one of its codes changed
     assert agreement == pytest.approx(1 - 64 * 128 / (8 * 36_864)), agreement
 

@@ -43,7 +43,7 @@ def export_files(out_dir: Path) -> list[str]:
 def run_export(checkpoint_dir: Path, out_dir: Path, plan: dict[str, Any]) -> dict:
     """Stage, export, check the exporter's config.json, write engine.json (stage export). Returns engine.json."""
     # the exporter runs in its own interpreter (plan.exporter_python): its release is what that one has installed
-    device = dev.device_fingerprint() | {"edge_llm": dev.exporter_version(plan["commands"]["export"][0])}
+    device = dev.gpu_fingerprint() | {"edge_llm": dev.exporter_version(plan["commands"]["export"][0])}
     dev.check_export_environment(plan, device)  # refuses before anything runs
     quant = plan["quantization"]
     work = Path(plan["paths"]["work"])

@@ -217,18 +217,17 @@ def model(host: Host) -> dict[str, Any]:
             "int4_mb": round(_dir_bytes(int4) / 1e6, 1)}
 
 
-def _dir_bytes(d: Path) -> int:
-    return sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+def _dir_bytes(d: Path, min_file: int = 0) -> int:
+    """Bytes of the files under d, counting only files of at least min_file bytes."""
+    return sum(n for f in d.rglob("*") if f.is_file() and (n := f.stat().st_size) >= min_file)
 
 
 def _reference_logits(checkpoint: Path, seqs: list[list[int]]) -> list:
-    """transformers' fp32 logits of each sequence on the CPU: what every engine is compared with."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    """transformers' fp32 logits of each sequence on the CPU (the gate's HFScorer): what every engine is compared with."""
+    from edgeflow.evaluation.reference import HFScorer
 
-    m = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    with torch.no_grad():
-        return [m(torch.tensor([s])).logits[0].numpy() for s in seqs]
+    scorer = HFScorer(checkpoint)
+    return [scorer(s) for s in seqs]
 
 
 def _prompts() -> list[list[int]]:
@@ -284,7 +283,7 @@ def engine(host: Host, name: str, weights: str, profile: dict | None = None) -> 
         worst = max(worst, float(np.abs(logits - ref).max()))
         a, b = logits - logits.mean(-1, keepdims=True), ref - ref.mean(-1, keepdims=True)
         cosines += ((a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))).tolist()
-    weight_bytes = sum(f.stat().st_size for f in out_dir.rglob("*") if f.is_file() and f.stat().st_size > 2**20)
+    weight_bytes = _dir_bytes(out_dir, min_file=2**20 + 1)  # the weights: engine.json, tokenizer files and logs are smaller
     tok_s = max(decode_tok_s) if decode_tok_s else None
     out: dict[str, Any] = {
         "weights": weights, "build_s": round(build_s, 2), "load_s": round(load_s, 2),
@@ -320,14 +319,13 @@ def distill(host: Host) -> dict[str, Any]:
 
     from edgeflow.distill.launch import run_distill_distributed
     from edgeflow.distill.train import default_device, precision_label
-    from edgeflow.model.tiny import CORPORA
+    from edgeflow.model.tiny import corpus_texts
     from edgeflow.profile import DistillConfig
 
     host.need("model")
     corpus = host.work / "distill" / "corpus.jsonl"
     corpus.parent.mkdir(parents=True, exist_ok=True)
-    texts = [v for f in sorted(CORPORA.glob("*.jsonl")) for line in f.read_text().splitlines() if line.strip()
-             for v in json.loads(line).values() if isinstance(v, str)]
+    texts = corpus_texts()
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[:256]))
     # how the profile trains (loss weights, precision, processes and strategy), on the tiny model's own cut and size
     how = host.profile.distill.model_dump(include=set(DISTILL_METHOD), exclude_unset=True)
@@ -361,7 +359,6 @@ def gptq(host: Host) -> dict[str, Any]:
     side, and each one's weight error against the dense model."""
     import numpy as np
 
-    from edgeflow.engines.checkpoint import WeightScheme
     from edgeflow.model.tiny import VOCAB
     from edgeflow.paths import REPO_ROOT
     from edgeflow.quantize.recipe import load_recipe
@@ -382,8 +379,7 @@ def gptq(host: Host) -> dict[str, Any]:
         made[dev] = host.work / f"gptq-{dev}"
     if len(made) == 1:
         return out | {"compared": "the role's device is the CPU: one run"}
-    scheme = WeightScheme(**info["scheme"], strategy="group", format="pack-quantized")
-    agreement, worst_scale = gptq_agreement(made[host.device], made["cpu"], scheme)
+    agreement, worst_scale = gptq_agreement(made[host.device], made["cpu"])
     out |= {"code_agreement": round(agreement, 5), "scale_max_rel_diff": worst_scale}
     if agreement < MIN_GPTQ_CODE_AGREEMENT:
         raise Failed(f"GPTQ on {host.device} and on the CPU agree on only {agreement:.2%} of the int4 codes (needs "
@@ -391,24 +387,25 @@ def gptq(host: Host) -> dict[str, Any]:
     return out
 
 
-def gptq_agreement(a_dir: Path, b_dir: Path, scheme) -> tuple[float, float]:
+def gptq_agreement(a_dir: Path, b_dir: Path) -> tuple[float, float]:
     """(share of equal int4 codes over every quantized linear, largest scale difference relative to the layer's largest
-    scale) between two checkpoints of one model and recipe."""
+    scale) between two checkpoints of one model and recipe, each layer read with the scheme its config records."""
     import numpy as np
 
-    from edgeflow.engines.checkpoint import layer, load_tensors, split_tensors
+    from edgeflow.engines.checkpoint import layer, layer_scheme, load_tensors, read_config, split_tensors, weight_schemes
 
     a, b = load_tensors(a_dir), load_tensors(b_dir)
+    schemes = weight_schemes(read_config(a_dir), f"{a_dir}/config.json") or {}
     _, prefixes = split_tensors(a, a_dir)
     same = total = 0
     worst = 0.0
     for prefix in prefixes:
+        scheme = layer_scheme(a, prefix, schemes)
         la, lb = layer(a, prefix, scheme), layer(b, prefix, scheme)
         same += int((la.q == lb.q).sum())
         total += la.q.size
         worst = max(worst, float(np.abs(la.scale - lb.scale).max() / np.abs(lb.scale).max()))
     return same / total, worst
-
 
 
 # The gate's torch half on the role's GPU against the CPU: the share of positions whose FP argmax must agree. Both
@@ -438,9 +435,10 @@ def gate_reference(host: Host) -> dict[str, Any]:
     sources = {d: REPO_ROOT / p for d, p in gate.eval_sources.items()}
     seqs = tokenize(eval_texts(sources, caps["num_prompts"], tok), tok, caps["max_tokens"])
     prompts = greedy_prompts(seqs, caps["greedy_prompts"])
-    quantized = {d: host.work / f"gptq-{d}" for d in dict.fromkeys((host.device, "cpu"))}
+    devices = list(dict.fromkeys((host.device, "cpu")))  # the role's device, and the CPU once either way
+    quantized = {d: host.work / f"gptq-{d}" for d in devices}
     refs, out = {}, {"sequences": len(seqs), "prompts": len(prompts)}
-    for dev in dict.fromkeys((host.device, "cpu")):
+    for dev in devices:
         t0 = time.perf_counter()
         refs[dev] = compute_reference(dense, quantized, seqs, prompts, caps["greedy_tokens"], gate.reference_top_k,
                                       prompts[0], stop_ids(dense), device=dev)
