@@ -24,8 +24,11 @@ t = time.time()
 fr = r('release/release', parameters={'profile': 'configs/test-tiny.yaml', 'deploy': 'pool'}, timeout=1800, poll_interval=1)
 print(fr.id, fr.state.type.value, f'{time.time() - t:.1f}')"
 }
+busy() { grep -c "busy: " "$EDGEFLOW_HOME/logs/prefect-server.log" 2>/dev/null || true; }
 for label in cold cached; do
+  before=$(busy)
   out=$(release); echo "$label release: $out s"
+  echo "  requests the Prefect server retried after SQLite answered busy (edgeflow/pipeline/server.py): $(( $(busy) - before ))"
   .venv/bin/python -W ignore benchmarks/release_stages.py --flow-run "${out%% *}"
 done
 if [ "${AB:-0}" = 1 ]; then .venv/bin/python -W ignore benchmarks/engine_command_ab.py; fi

@@ -199,8 +199,10 @@ def up() -> None:
     nice = servers_nice()
     started = []
     if not answers(prefect_health):
-        _spawn("prefect-server", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", s["prefect_port"]], env, home,
-               nice)
+        # Prefect's app behind edgeflow's retry of SQLite's busy answers (edgeflow/pipeline/server.py): no 2 s client
+        # back-off on a release's hand-offs.
+        _spawn("prefect-server", [str(BIN / "python"), "-m", "edgeflow.pipeline.server", "--host", "127.0.0.1",
+                                  "--port", s["prefect_port"]], env, home, nice)
         started.append(("prefect-server", prefect_health))
     if not answers(mlflow_health):
         (home / "mlflow").mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ def clear_stale_servers(*ports: str) -> None:
             continue
         proc = psutil.Process(conn.pid)
         cmdline = " ".join(proc.cmdline())
-        if not any(s in cmdline for s in ("prefect server start", "mlflow server", "mlflow.server", "uvicorn", "gunicorn")):
+        if not any(s in cmdline for s in ("prefect server start", "edgeflow.pipeline.server", "mlflow server", "mlflow.server", "uvicorn", "gunicorn")):
             pytest.fail(f"test port {conn.laddr.port} is held by pid {conn.pid} ({cmdline[:200]}); stop it or set the "
                         "EDGEFLOW_TEST_*_PORT variables")
         try:
