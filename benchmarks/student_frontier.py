@@ -13,6 +13,9 @@ All runs of one invocation share a work directory, so the teacher-output cache (
 fills serves the later ones, as it serves later releases: `--run '{}' --run '{}'` is a cold and a warm run of the same
 student, and `--run '{"teacher_cache": {"enabled": false}}'` the full-vocabulary KL against a live teacher. A run with
 `"sequence_kd": {"enabled": true, ...}` trains on the teacher's answers too (generated once, then found again).
+With --answers, each student is built into the profile's engine (engine.backend) and answers the demo's five prompts as
+the student gate asks them (edgeflow/evaluation/answers.py): the `answers ok` column is gate.student.min_answers_ok's
+measure. `--run '{"mixed_precision": "off"}'` distils in fp32 on a box that would use bf16 (the AVX2-only boxes' way).
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ def main() -> None:
     ap.add_argument("--run", action="append", required=True, help="JSON object of distill fields for one run")
     ap.add_argument("--eval-texts", type=int, default=60)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--answers", action="store_true", help="build each student's engine and score its demo answers")
     a = ap.parse_args()
 
     profile = load_profile(a.profile)
@@ -53,8 +57,8 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     base = profile.distill.model_dump(exclude_unset=True)
     results = []
-    print("| run | layers | steps | lr | ppl before | ppl after | × teacher | top-1 after | KL after | train tok/s | teacher cache hits | wall s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| run | layers | steps | lr | ppl before | ppl after | × teacher | top-1 after | KL after | train tok/s | teacher cache hits | wall s | answers ok |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory(prefix="edgeflow-frontier-") as tmp:
         for i, spec in enumerate(a.run):
             over = json.loads(spec)
@@ -70,13 +74,34 @@ def main() -> None:
             m = run_distill(teacher, cfg, files, held_out, Path(tmp) / f"s{i}", Path(tmp) / "work") | kd_stats
             wall = time.perf_counter() - t0
             m.pop("history", None)
+            if a.answers:
+                m["answers"] = _answers(profile, Path(tmp) / f"s{i}", Path(tmp) / f"e{i}")
             row = {"run": over, "wall_s": wall} | m
             results.append(row)
             print(f"| {json.dumps(over)} | {m['student_layers']} | {cfg.steps} | {cfg.lr:g} | {m['student_ppl_before_training']:.1f} | "
                   f"{m['student_ppl']:.1f} | {m['student_ppl'] / m['teacher_ppl']:.2f} | {m['student_top1_vs_teacher']:.1%} | "
-                  f"{m['student_kl_vs_teacher']:.3f} | {m['mean_tokens_per_s']:.0f} | {_cache(m)} | {wall:.0f} |", flush=True)
+                  f"{m['student_kl_vs_teacher']:.3f} | {m['mean_tokens_per_s']:.0f} | {_cache(m)} | {wall:.0f} | "
+                  f"{_ok(m)} |", flush=True)
             a.out.write_text(json.dumps({"profile": a.profile, "eval_texts": a.eval_texts, "cpus": os.cpu_count(),
                                          "results": results}, indent=1, default=str))
+
+
+def _answers(profile, student: Path, engine: Path) -> list[dict]:
+    """The student's demo answers from its own engine, as the student gate gets them."""
+    from edgeflow.engines import get_backend
+    from edgeflow.evaluation.answers import answer_prompts
+
+    backend = get_backend(profile.engine.backend)
+    backend.build(student, engine, profile.engine.profile)
+    return answer_prompts(backend, backend.load(engine), engine)
+
+
+def _ok(m: dict) -> str:
+    if "answers" not in m:
+        return ""
+    from edgeflow.evaluation.answers import ok_share
+
+    return f"{ok_share(m['answers']):.0%}"
 
 
 def _cache(m: dict) -> str:

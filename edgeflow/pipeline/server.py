@@ -30,9 +30,10 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-# The first retry after 10 ms, then doubling (10, 20, 40 ... ms). Measured on the 2-core AMD EPYC: a refused write
-# succeeds at its first or second retry; the client's own back-off starts at 2 s, so 1.5 s of retries in the server
-# costs a client nothing it would not have waited anyway.
+# The first retry after 10 ms, then doubling (10, 20, 40 ... ms). Measured over a cold and a cached test-tiny release
+# (2-core AMD EPYC with AVX-512, BENCHMARKS.md#stage-fixed-costs): five requests refused, each answered after 1-3
+# retries in 0.04-0.16 s. The client's own back-off starts at 2 s, so 1.5 s of retries in the server costs a client
+# nothing it would not have waited anyway.
 FIRST_RETRY_S = 0.01
 RETRY_BUDGET_S = 1.5
 
