@@ -20,7 +20,7 @@ from edgeflow.paths import REPO_ROOT
 
 LAYERS = {"paths": 0, "profile": 1,
           "distill": 2, "calibration": 2, "quantize": 2, "evaluation": 2, "engines": 2, "pii": 2, "model": 2,
-          "serving": 2, "tracking": 2,
+          "serving": 2, "tracking": 2, "estimate": 2,
           "fleet": 3, "device": 3, "ops": 3, "preflight": 3,
           "pipeline": 4, "cli": 5}
 ORCHESTRATOR_OK = {"pipeline", "cli"}  # the packages that may import prefect

@@ -65,6 +65,9 @@ COMMANDS: dict[str, Command] = {
     "doctor": Command("edgeflow.cli.doctor", "check this host for its role in a profile (versions, device, dtypes, engines "
                       "built and scored on a tiny model): doctor.json and doctor.md", "edgeflow doctor --role cpu --out doctor-out",
                       profile=True),
+    "estimate": Command("edgeflow.cli.estimate", "how fast and how big a model can be on a device (decode, TTFT, memory), "
+                        "before anything is built", "edgeflow estimate --model /models/qwen2.5-1.5b --bits 4 --device "
+                        "orin-nano-8gb --runtime tensorrt_llm --prompt 512"),
     "envcheck": Command("edgeflow.ops.envcheck", "check this host against an image target (CUDA, TensorRT, Jetson)",
                         "edgeflow envcheck --target cpu"),
     "page-test": Command("edgeflow.ops.monitoring", "freeze a server twice and print the pages it raised, with their seconds",

@@ -15,5 +15,7 @@ from edgeflow.profile.nightly import NightlyConfig
 from edgeflow.profile.deploy import DeployConfig
 from edgeflow.profile.rollout import WaveSpec, RolloutConfig
 from edgeflow.profile.monitoring import MonitoringConfig
+from edgeflow.profile.slo import SLOConfig, SLOTarget
+from edgeflow.profile.devices import DEVICES, DeviceClass
 
-__all__ = ["Profile", "TeacherConfig", "GgufPart", "TeacherCacheConfig", "SequenceKDConfig", "DistillConfig", "CalibrationConfig", "VariantConfig", "QuantizeConfig", "EngineConfig", "StudentGateConfig", "GateConfig", "RegistryConfig", "STAGES", "PlacementConfig", "NightlyConfig", "DeployConfig", "WaveSpec", "RolloutConfig", "MonitoringConfig"]
+__all__ = ["Profile", "TeacherConfig", "GgufPart", "TeacherCacheConfig", "SequenceKDConfig", "DistillConfig", "CalibrationConfig", "VariantConfig", "QuantizeConfig", "EngineConfig", "StudentGateConfig", "GateConfig", "RegistryConfig", "STAGES", "PlacementConfig", "NightlyConfig", "DeployConfig", "WaveSpec", "RolloutConfig", "MonitoringConfig", "SLOConfig", "SLOTarget", "DEVICES", "DeviceClass"]

@@ -22,6 +22,7 @@ from edgeflow.profile.placement import PlacementConfig
 from edgeflow.profile.quantize import QuantizeConfig
 from edgeflow.profile.registry import RegistryConfig
 from edgeflow.profile.rollout import RolloutConfig
+from edgeflow.profile.slo import SLOConfig
 from edgeflow.profile.teacher import TeacherConfig
 
 
@@ -42,6 +43,8 @@ class Profile(_Strict):
     )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Staged rollout over the device fleet.")
     monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig, description="Where the fleet's alerts go.")
+    slo: SLOConfig = Field(default_factory=SLOConfig, description="Service objectives per target device class (TTFT, "
+                           "decode speed, memory), estimated before any build (`edgeflow estimate`, `edgeflow plan`).")
 
     def settings(self) -> dict:
         """What a release hands its stages (ReleaseContext.settings): the fields as written, JSON-safe, so that

@@ -56,27 +56,33 @@ def _cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV) or user_cache() / "native")
 
 
-def compile_kernels() -> tuple[Path, dict[str, Any]]:
-    """Compile native/q4.c (once per source/compiler/flags) and return (library path, build facts)."""
+def compile_c(source: Path, flags: tuple[str, ...], name: str) -> tuple[Path, dict[str, Any]]:
+    """Compile one C source into a shared library `name` (once per source, compiler and flags; cached under
+    $EDGEFLOW_NATIVE_CACHE or ~/.cache/edgeflow/native) and return (library path, build facts)."""
     _require_isa()
     cc, version = _compiler()
-    src_sha = kernel_sha256()
-    key = hashlib.sha256("\n".join([src_sha, cc, version, *CC_FLAGS]).encode()).hexdigest()[:20]
-    lib = _cache_root() / key / "libedgeflow_q4.so"
-    facts = {"kernel_sha256": src_sha, "compiler": version, "compiler_path": cc, "compile_flags": list(CC_FLAGS)}
+    src_sha = hashlib.sha256(source.read_bytes()).hexdigest()
+    key = hashlib.sha256("\n".join([src_sha, cc, version, *flags]).encode()).hexdigest()[:20]
+    lib = _cache_root() / key / name
+    facts = {"kernel_sha256": src_sha, "compiler": version, "compiler_path": cc, "compile_flags": list(flags)}
     if not lib.exists():
         lib.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
         os.close(fd)
-        cmd = [cc, *CC_FLAGS, "-o", tmp, str(SOURCE), "-lm"]
+        cmd = [cc, *flags, "-o", tmp, str(source), "-lm"]
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if res.returncode != 0:
             Path(tmp).unlink(missing_ok=True)
             raise EngineIncompatibleError(
-                f"compiling the cpu_native kernels failed ({' '.join(cmd)}):\n{res.stderr[-2000:]}\n{FIX}"
+                f"compiling {source.name} failed ({' '.join(cmd)}):\n{res.stderr[-2000:]}\n{FIX}"
             )
         os.replace(tmp, lib)  # atomic: concurrent builders never load a half-written library
     return lib, facts
+
+
+def compile_kernels() -> tuple[Path, dict[str, Any]]:
+    """Compile native/q4.c (once per source/compiler/flags) and return (library path, build facts)."""
+    return compile_c(SOURCE, CC_FLAGS, "libedgeflow_q4.so")
 
 
 def _library() -> ctypes.CDLL:

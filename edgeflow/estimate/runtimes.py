@@ -1,0 +1,61 @@
+"""How close each runtime gets to its hardware's limits: the fraction of the memory bandwidth a decode step reaches,
+the fraction of the compute peak a prefill reaches, and the memory it holds besides weights and KV caches.
+
+A factor of 1 is the roofline itself: what no engine beats. Each entry says where its figures come from: fitted to
+measured or published decode and prefill speeds (`benchmarks/estimate_fit.py`, BENCHMARKS.md#estimate), or, where
+nothing was measured, the roofline (the estimate is then a bound, and `edgeflow estimate` says so).
+"""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RuntimeEfficiency(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="The runtime (an edgeflow engine backend, or a runtime a published figure used).")
+    bandwidth: float = Field(gt=0, le=1, description="Fraction of the memory bandwidth a batch-1 decode step reaches.")
+    compute: float = Field(gt=0, le=1, description="Fraction of the compute peak a prefill reaches.")
+    overhead_mb: float = Field(ge=0, description="Resident memory besides weights and KV caches (context, workspace), MB.")
+    fitted: bool = Field(description="The bandwidth factor is fitted to measured decode speeds; False: 1, the roofline "
+                         "(decode estimates are then a bound, not a prediction).")
+    compute_fitted: bool = Field(default=False, description="The compute factor is fitted to measured prefill speeds.")
+    source: str = Field(description="The figures behind the factors.")
+
+
+ROOFLINE = RuntimeEfficiency(name="roofline", bandwidth=1.0, compute=1.0, overhead_mb=0, fitted=False,
+                             source="none: the hardware's limits themselves")
+_FIT = "benchmarks/estimate_fit.py over benchmarks/data/published_speeds.json (BENCHMARKS.md#estimate): "
+
+# Factors: the geometric mean of published / roofline speed over each runtime's figures, with the leave-one-out error
+# (the error of predicting each figure from the others). A runtime with no figure of a kind keeps 1 for it.
+RUNTIMES: dict[str, RuntimeEfficiency] = {r.name: r for r in (
+    RuntimeEfficiency(name="tensorrt_llm", bandwidth=1.0, compute=0.52, overhead_mb=0, fitted=False, compute_fitted=True,
+                      source=_FIT + "prefill 0.52 from 2 A100 fp16 figures (TensorRT-LLM 0.5; leave-one-out 64 %); no "
+                      "batch-1 decode figure found, so decode is the roofline"),
+    RuntimeEfficiency(name="edge_llm", bandwidth=0.73, compute=0.093, overhead_mb=0, fitted=True, compute_fitted=True,
+                      source=_FIT + "decode 0.73 and prefill 0.093 from 3 INT4 AWQ figures on AGX Thor (Edge-LLM's own "
+                      "tables; leave-one-out 24 % and 5 %); none on Orin"),
+    RuntimeEfficiency(name="vllm", bandwidth=0.26, compute=1.0, overhead_mb=0, fitted=True,
+                      source=_FIT + "decode 0.26 from 1 figure (Qwen3-14B AWQ on an A100 80 GB after a 16,000-token "
+                      "prompt): one figure, no leave-one-out"),
+    RuntimeEfficiency(name="llama_cpp", bandwidth=0.35, compute=1.0, overhead_mb=0, fitted=True,
+                      source=_FIT + "decode 0.35 from 7 figures (A100, H100, AGX/IGX Orin; Q4 and F16; leave-one-out "
+                      "median 39 %, the H100 Q4_0 figure 168 %)"),
+    RuntimeEfficiency(name="mlc", bandwidth=0.66, compute=1.0, overhead_mb=0, fitted=True,
+                      source=_FIT + "decode 0.66 from 14 INT4 figures on Orin Nano, Orin Nano Super and AGX Orin "
+                      "(leave-one-out median 20 %); not an edgeflow backend: for comparison"),
+    RuntimeEfficiency(name="tinychat", bandwidth=0.69, compute=1.0, overhead_mb=0, fitted=True,
+                      source=_FIT + "decode 0.69 from 4 figures on AGX Orin (AWQ INT4 and fp16; leave-one-out median "
+                      "13 %); not an edgeflow backend: for comparison"),
+    ROOFLINE.model_copy(update={"name": "cpu_native", "source": "not fitted yet: the roofline"}),
+    ROOFLINE.model_copy(update={"name": "cpu", "source": "not fitted yet: the roofline"}),
+)}
+
+
+def runtime_efficiency(name: str) -> RuntimeEfficiency:
+    """The runtime called `name`; ValueError naming the known ones otherwise."""
+    try:
+        return RUNTIMES[name]
+    except KeyError:
+        raise ValueError(f"unknown runtime {name!r}; known runtimes: {', '.join(RUNTIMES)}") from None
