@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import platform
 from pathlib import Path
 
@@ -65,6 +66,31 @@ def probe(threads: int | None = None, mib: int = DEFAULT_MIB, repeats: int = 3) 
     return HostLimits(read_gb_s=round(read / 1e9, 2), fma_gflops=round(fma / 1e9, 1), threads=threads, buffer_mib=mib,
                       cpu=_cpu_name(), isa=sorted(f for f in flags if f in ("avx2", "fma", "f16c", "avx512f", "avx512_bf16",
                                                                             "avx512_vnni", "amx_bf16")))
+
+
+def cached_probe(max_age_s: float = 86400.0) -> HostLimits:
+    """probe() on the engine's threads, kept a day under ~/.cache/edgeflow/probe/ per CPU model, thread count and probe
+    source: `edgeflow plan` asks for it every run, and a probe is a second of both cores."""
+    import hashlib
+    import time
+
+    from edgeflow.engines.cpu_host import threads_from_env
+    from edgeflow.paths import user_cache
+
+    threads = threads_from_env()
+    key = hashlib.sha256(f"{_cpu_name()}|{threads}|{SOURCE.read_bytes().hex()}".encode()).hexdigest()[:16]
+    path = user_cache() / "probe" / f"{key}.json"
+    try:
+        if time.time() - path.stat().st_mtime < max_age_s:
+            return HostLimits.model_validate_json(path.read_text())
+    except (OSError, ValueError):
+        pass
+    limits = probe(threads)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(limits.model_dump_json())
+    os.replace(tmp, path)
+    return limits
 
 
 def _cpu_name() -> str:

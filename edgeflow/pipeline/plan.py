@@ -69,6 +69,7 @@ class Plan:
     problems: list[str] = field(default_factory=list)
     stages: list[StagePlan] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)  # e.g. a layer cut that saves too little (never a failure)
+    estimates: list[dict] = field(default_factory=list)  # per slo target: each variant estimated (edgeflow/estimate/)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -379,9 +380,41 @@ def make_plan(profile_path: str) -> Plan:
                       lambda: gate_call(ctx, reference, checkpoints, built))
     one(stage("register"), gate_report is not None, lambda: register_call(ctx, gate_report, lineage_of(student, calibration)))
     look.sizes()
+    slo_plan(plan, profile, here is not None)
     for s in plan.stages:  # as edgeflow/pipeline/stages.py run_stage decides: a cached stage the release can key is not started
         s.submitted = s.where != "inline" and (s.status != "cached" or s.stage in KEYED_ON_THEIR_HOST)
     return plan
+
+
+def slo_plan(plan: Plan, profile: Profile, teacher_here: bool) -> None:
+    """Each variant estimated on each slo target (edgeflow/estimate/variants.py), from the teacher's config.json when
+    this host has the teacher (resolving it would download or convert: the distill host's work); a target no variant
+    can meet is a problem (exit 1) unless slo.build_anyway."""
+    if not profile.slo.targets:
+        return
+    from edgeflow.estimate.variants import slo_estimates
+    from edgeflow.model.architecture import describe
+    from edgeflow.model.source import teacher_dir
+
+    if not teacher_here:
+        plan.estimates.append({"not_estimated": "the teacher is not on this host yet (distill's host fetches it): run "
+                               "`edgeflow plan` there, or `edgeflow estimate --model` on the teacher's config.json"})
+        return
+    config = teacher_dir(profile) / "config.json"
+    try:
+        teacher = describe(json.loads(config.read_text()), str(config))
+    except (OSError, ValueError) as e:
+        plan.estimates.append({"not_estimated": str(e)})
+        return
+    plan.estimates = slo_estimates(profile, teacher)
+    for t in plan.estimates:
+        rows = [r for r in t["variants"] if "estimate" in r]
+        if rows and all(r["misses"] for r in rows) and not profile.slo.build_anyway:
+            target = t["target"]
+            plan.problems.append(
+                f"slo: no variant can meet the objectives on {target['device']} ({rows[0]['variant']}: "
+                f"{'; '.join(rows[0]['misses'])}); change the objectives or the student (fewer layers, fewer bits), or "
+                "set slo.build_anyway to build them anyway")
 
 
 def _refs(value: Any) -> list[ArtifactRef]:
@@ -443,6 +476,32 @@ def _bytes(n: int | None) -> str:
     return ""
 
 
+def _render_estimates(estimates: list[dict]) -> list[str]:
+    if not estimates:
+        return []
+    lines = ["\nservice objectives (estimated before any build: edgeflow/estimate/)"]
+    for t in estimates:
+        if "not_estimated" in t:
+            lines.append(f"  not estimated: {t['not_estimated']}")
+            continue
+        g, lim, rt = t["target"], t["limits"], t["runtime"]
+        wanted = ", ".join(w for w in (f"TTFT p99 <= {g['ttft_p99_ms']:g} ms" if g["ttft_p99_ms"] else "",
+                                       f"decode >= {g['decode_tok_s']:g} tok/s" if g["decode_tok_s"] else "",
+                                       f"memory <= {g['max_memory_mb']:g} MB" if g["max_memory_mb"] else "") if w)
+        lines.append(f"  {g['device']}: {wanted} at {g['prompt_tokens']} prompt tokens, concurrency {g['concurrency']} "
+                     f"({lim['bandwidth_gb_s']:g} GB/s, {lim['peak_tflops']:g} TFLOP/s; runtime {rt['name']}"
+                     + ("" if rt["fitted"] else ", not fitted: the roofline") + f"; the student: {t['student']})")
+        for r in t["variants"]:
+            if "not_estimated" in r:
+                lines.append(f"    {r['variant']:<28} not estimated: {r['not_estimated']}")
+                continue
+            e = r["estimate"]
+            lines.append(f"    {r['variant']:<28} decode {e['decode_tok_s']:,.1f} tok/s, TTFT p99 {e['ttft_p99_ms']:,.0f} ms, "
+                         f"memory {e['memory_mb']:,.0f} MB" + ("" if r["misses"] else ": can meet"))
+            lines += [f"      cannot meet: {m}" for m in r["misses"]]
+    return lines
+
+
 def render(plan: Plan) -> str:
     lines = [f"plan for {plan.profile} (registered model {plan.model})"]
     lines += [f"  {server}: {state}" for server, state in plan.services.items()]
@@ -462,6 +521,7 @@ def render(plan: Plan) -> str:
             lines += [f"      why: {w}" for w in c.why]
             if c.status != "cached":
                 lines += [f"      fetches: {r['kind']} {r['sha256'][:12]}, {_bytes(r['bytes'])}" for r in c.reads]
+    lines += _render_estimates(plan.estimates)
     counts = [c.status for s in plan.stages for c in s.calls]
     lines.append(f"\n{counts.count('cached')} of {len(counts)} task calls cached; "
                  f"{len(counts) - counts.count('cached')} would be computed")

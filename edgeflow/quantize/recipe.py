@@ -29,3 +29,21 @@ def load_recipe(path: Path, overrides: dict[str, dict] | None = None) -> dict:
         if name in overrides:
             fields.update(overrides[name])
     return recipe
+
+
+def weight_spec(recipe: dict) -> tuple[int, int | None, bool]:
+    """(bits, group size or None for one scale per row, symmetric) of a recipe whose every config group quantizes its
+    weights the same way; ValueError naming what differs, or that no group says (a preset `scheme:` is not read here)."""
+    specs = set()
+    for _, fields in modifiers(recipe):
+        for name, group in (fields.get("config_groups") or {}).items():
+            w = group.get("weights") or {}
+            if w.get("type", "int") != "int" or "num_bits" not in w:
+                raise ValueError(f"config group {name}: weights {w} are not integers of a stated width")
+            specs.add((int(w["num_bits"]), w.get("group_size") if w.get("strategy") == "group" else None,
+                       bool(w.get("symmetric", True))))
+    if not specs:
+        raise ValueError("no config_groups with weights (a preset scheme is not read here)")
+    if len(specs) > 1:
+        raise ValueError(f"its config groups quantize differently ({sorted(specs, key=str)}): a mixed scheme")
+    return specs.pop()

@@ -56,3 +56,55 @@ def test_servers_that_do_not_answer_are_named_and_the_plan_still_keys_what_it_ca
         assert distill["status"] == "compute" and distill["key"].startswith("train_student-v2-")
         assert distill["why"] == ["MLflow does not answer: what changed is unknown"]
     assert {c["status"] for s in plan["stages"][1:] for c in s["calls"]} == {"after distill"}
+
+
+def _slo_profile(tmp_path, slo: dict):
+    """test-tiny with a local teacher whose config.json is SmolLM2-135M's (no weights: the estimate reads the config
+    only), and `slo`."""
+    from edgeflow.preflight import load_profile
+    from tests.helpers.model_configs import SMOLLM2_135M
+
+    teacher = tmp_path / "teacher"
+    teacher.mkdir(parents=True)
+    (teacher / "config.json").write_text(json.dumps(SMOLLM2_135M))
+    profile = load_profile("configs/test-tiny.yaml")
+    return profile.model_validate(profile.settings() | {"teacher": {"source": "local", "path": str(teacher)}, "slo": slo})
+
+
+def test_the_plan_estimates_each_variant_on_each_slo_target_and_names_what_it_cannot_meet(tmp_path) -> None:
+    from edgeflow.pipeline.plan import Plan, render, slo_plan
+
+    profile = _slo_profile(tmp_path, {"targets": [
+        {"device": "orin-nano-8gb", "prompt_tokens": 512, "concurrency": 2, "decode_tok_s": 1000, "ttft_p99_ms": 500}]})
+    plan = Plan(profile="p", model="m", services={})
+    slo_plan(plan, profile, teacher_here=True)
+    [target] = plan.estimates
+    assert target["student"] == "3 layers"  # keep_every_k 15 of 30
+    rows = {r["variant"]: r for r in target["variants"]}
+    assert list(rows) == ["fp32", "awq-w4a16", "gptq-w4a16"]
+    # the fp32 3-layer student reads its 42.5 MB of fp32 layers and the 113 MB fp32 head every step: at 68 GB/s, about
+    # 430 tok/s
+    assert rows["fp32"]["misses"] and rows["fp32"]["misses"][0].startswith("decode 4")
+    # the int4 ones read 5.6 MB of layers and the 29 MB int8 head: about 1,800 tok/s
+    assert rows["gptq-w4a16"]["misses"] == [] and rows["awq-w4a16"]["misses"] == []
+    assert plan.problems == []  # some variant can meet it
+    text = "\n".join(render(plan).splitlines())
+    assert "orin-nano-8gb: TTFT p99 <= 500 ms, decode >= 1000 tok/s at 512 prompt tokens, concurrency 2" in text
+    assert "gptq-w4a16" in text and "cannot meet: decode" in text
+
+
+def test_a_slo_no_variant_can_meet_is_a_problem_unless_built_anyway(tmp_path) -> None:
+    from edgeflow.pipeline.plan import Plan, slo_plan
+
+    slo = {"targets": [{"device": "orin-nano-8gb", "prompt_tokens": 512, "concurrency": 1, "decode_tok_s": 100_000}]}
+    plan = Plan(profile="p", model="m", services={})
+    slo_plan(plan, _slo_profile(tmp_path / "a", slo), teacher_here=True)
+    [problem] = plan.problems
+    assert problem.startswith("slo: no variant can meet the objectives on orin-nano-8gb (fp32: decode ")
+    assert "set slo.build_anyway" in problem
+    anyway = Plan(profile="p", model="m", services={})
+    slo_plan(anyway, _slo_profile(tmp_path / "b", slo | {"build_anyway": True}), teacher_here=True)
+    assert anyway.problems == [] and anyway.estimates[0]["variants"]
+    away = Plan(profile="p", model="m", services={})
+    slo_plan(away, _slo_profile(tmp_path / "c", slo), teacher_here=False)
+    assert away.estimates[0]["not_estimated"].startswith("the teacher is not on this host yet")

@@ -1,0 +1,74 @@
+"""A profile's variants estimated on each of its SLO targets before anything is built: the student's architecture (the
+teacher's config.json with the distill cut), each variant's weight scheme (its recipe), the profile's engine backend
+as the runtime. What `edgeflow plan` prints, and what a release refuses to build when no engine could serve it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from edgeflow.estimate.counts import Scheme, token_cost
+from edgeflow.estimate.roofline import estimate
+from edgeflow.estimate.runtimes import ROOFLINE, RUNTIMES
+from edgeflow.model.architecture import Architecture
+from edgeflow.profile import Profile
+
+# cpu_native keeps its head as int8 rows whatever the variant (engines/cpu_native/settings.py FORMAT_VERSION 2), and
+# its fp32 reference engine fp32 layers; GPU runtimes keep the head in fp16.
+_QUANTIZED_HEAD_BITS = {"cpu_native": 8}
+
+
+def student_architecture(teacher: Architecture, profile: Profile) -> Architecture | str:
+    """The layer-dropped student's description: the teacher's with the kept layer count (its first layer kinds: which
+    block drop_block removes is chosen at training); a reason string for a student_from student."""
+    kept = profile.distill.student_layers(teacher.num_hidden_layers)
+    if kept is None:
+        return "the student is distill.student_from's own model: estimate it with `edgeflow estimate --model` on it"
+    return teacher.model_copy(update={"num_hidden_layers": kept, "layer_types": teacher.layer_types[:kept]})
+
+
+def variant_schemes(profile: Profile) -> dict[str, Scheme | str]:
+    """{variant: its Scheme, or why it cannot be counted}: the fp reference row, then each variant's recipe."""
+    from edgeflow.quantize.recipe import load_recipe, weight_spec
+
+    backend = profile.engine.backend
+    fp_bits = 32 if backend in ("cpu_native", "cpu") else 16
+    out: dict[str, Scheme | str] = {"fp32" if fp_bits == 32 else "fp16": Scheme(bits=fp_bits, head_bits=fp_bits)}
+    for v in profile.quantize.variants:
+        if v.recipe is None:
+            out[v.name] = "pre-quantized: estimate its checkpoint with `edgeflow estimate --model`"
+            continue
+        try:
+            bits, group, symmetric = weight_spec(load_recipe(profile.resolve(v.recipe), profile.quantize.recipe_overrides))
+        except ValueError as e:
+            out[v.name] = f"recipe {v.recipe}: {e}"
+            continue
+        if bits not in (4, 8):
+            out[v.name] = f"recipe {v.recipe}: {bits}-bit weights are not counted"
+            continue
+        out[v.name] = Scheme(bits=bits, group_size=group, zero_point=not symmetric,
+                             head_bits=_QUANTIZED_HEAD_BITS.get(backend, 16))
+    return out
+
+
+def slo_estimates(profile: Profile, teacher: Architecture) -> list[dict[str, Any]]:
+    """Per SLO target: the device's limits and, per variant, the estimate and the objectives it cannot meet."""
+    from edgeflow.estimate import limits_for
+
+    student = student_architecture(teacher, profile)
+    runtime = RUNTIMES.get(profile.engine.backend, ROOFLINE)
+    schemes = variant_schemes(profile) if not isinstance(student, str) else {}
+    out = []
+    for target in profile.slo.targets:
+        limits = limits_for(target.device)
+        rows = []
+        for name, scheme in schemes.items():
+            if isinstance(scheme, str):
+                rows.append({"variant": name, "not_estimated": scheme})
+                continue
+            est = estimate(token_cost(student, scheme), limits, runtime, target.prompt_tokens, target.concurrency,
+                           target.max_new_tokens)
+            rows.append({"variant": name, "estimate": est.model_dump(), "misses": est.misses(target)})
+        out.append({"target": target.model_dump(), "limits": limits.model_dump(), "runtime": runtime.model_dump(),
+                    "student": student if isinstance(student, str) else f"{student.num_hidden_layers} layers",
+                    "variants": rows})
+    return out
