@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from edgeflow.serving.admission import admit
 from edgeflow.serving.decoding import Piece, TextStream
-from edgeflow.serving.protocol import ApiError, GenerationRequest, model_not_found, read_json, sse, validation_error
+from edgeflow.serving.protocol import ApiError, GenerationRequest, logged_id, model_not_found, read_json, sse, validation_error
 from edgeflow.serving.runtime import DeadlineExceeded, EngineFailed, Generation, Runtime
 from edgeflow.serving.state import AppState, utc_now
 from edgeflow.engines.sampling import SamplingParams
@@ -197,7 +197,7 @@ async def handle(request: Request, state: AppState, api: GenerationEndpoint) -> 
     s = state.settings
     rt = state.runtime
     rec = RequestRecord(state, api.path, api.id_prefix, api.input_field)
-    rec.conversation_id = (request.headers.get("x-conversation-id") or "")[:128] or None
+    rec.conversation_id = logged_id(request.headers.get("x-conversation-id"))  # as sent only when it is id-shaped
     state.metrics.received.labels(endpoint=api.path).inc()
     try:
         body = await read_json(request, s.max_body_bytes, s.request_timeout_s)

@@ -154,12 +154,33 @@ class FeedbackTimings(BaseModel):
     tokens: StrictInt | None = Field(default=None, ge=0, description="Completion tokens (from the stream's usage).")
 
 
+# What a client-supplied identifier may be (a conversation or answer id): letters, digits and . _ : -, up to 128. The
+# access log ships home for the nightly; an id is copied there as sent, unlike text, which the nightly scrubs, so
+# anything else (an e-mail address, a phone number, a name) must not be stored as an id.
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+
+
+def logged_id(value: str | None) -> str | None:
+    """A client's identifier as the access log keeps it: as sent when it matches ID_PATTERN, else a digest of it
+    (`sha256:` and 16 hex digits: the same value links the same records, without its text)."""
+    import hashlib
+    import re
+
+    if not value:
+        return None
+    if re.fullmatch(ID_PATTERN, value):
+        return value
+    return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
 class Feedback(_Request):
     """What the chat page's buttons post: the verdict, the conversation and what the user waited."""
 
     feedback: Literal["wrong_answer", "slow", "no_response"] = Field(description="The button pressed.")
-    request_id: StrictStr | None = Field(default=None, max_length=128, description="id of the answer judged (links the request record).")
-    conversation_id: StrictStr | None = Field(default=None, max_length=128, description="The page's conversation id.")
+    request_id: StrictStr | None = Field(default=None, pattern=ID_PATTERN, description="id of the answer judged (links "
+                                         "the request record): letters, digits and . _ : -, at most 128.")
+    conversation_id: StrictStr | None = Field(default=None, pattern=ID_PATTERN, description="The page's conversation id: "
+                                              "letters, digits and . _ : -, at most 128.")
     messages: list[ChatMessage] = Field(default_factory=list, max_length=256, description="The conversation as shown.")
     response: StrictStr | None = Field(default=None, description="The answer as shown (may be partial or empty).")
     timings: FeedbackTimings = Field(default_factory=FeedbackTimings, description="Client-side timings of the answer.")

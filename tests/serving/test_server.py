@@ -247,6 +247,17 @@ def test_long_chats_keep_the_last_turns_and_condense_the_rest(server, engine_dir
     assert r.status_code == 200, r.text
     rec = next(json.loads(x) for x in server.settings.access_log.read_text().splitlines() if r.json()["id"] in x)
     assert rec["condensed_turns"] == 56 and rec["conversation_id"] == "conv-long"
+    # a conversation id that is not id-shaped is logged as its digest: the same value links the same records, its
+    # text (here a phone number) is not kept
+    ids = []
+    for _ in range(2):
+        r = _post(f"{server.url}/v1/chat/completions", chat_body("Name a fruit.", max_tokens=2),
+                  headers={"X-Conversation-Id": "+49 30 1234567"})
+        assert r.status_code == 200, r.text
+        ids.append(next(json.loads(x) for x in server.settings.access_log.read_text().splitlines()
+                        if r.json()["id"] in x)["conversation_id"])
+    assert ids[0] == ids[1] and ids[0].startswith("sha256:") and len(ids[0]) == 23
+    assert "1234567" not in server.settings.access_log.read_text()
     assert rec["messages"] == messages  # the log keeps what the client sent
     assert rec["prompt_tokens"] <= server.settings.max_prompt_tokens
     # a server keeping every turn refuses the same chat, naming the limit
@@ -267,6 +278,11 @@ def test_feedback_lands_in_the_access_log_and_metrics(server):
     assert rec["kind"] == "feedback" and rec["id"] == r.json()["id"]
     assert {k: rec[k] for k in fb} == fb and rec["engine_version"] == answer["system_fingerprint"]
     assert _metrics(server.url)["edgeflow_feedback_total{kind=slow}"] == before + 1
+    # an identifier that is not id-shaped (here an e-mail address) is refused, naming the field, and never stored
+    for field in ("conversation_id", "request_id"):
+        pii = _post(f"{server.url}/feedback", {**fb, field: "jane.doe@example.com"})
+        assert pii.status_code == 422 and field in pii.json()["error"]["message"], pii.text
+    assert "jane.doe" not in server.settings.access_log.read_text()
     bad = _post(f"{server.url}/feedback", {**fb, "feedback": "meh"})
     assert bad.status_code == 422 and "feedback" in bad.json()["error"]["message"]
     assert _post(f"{server.url}/feedback", b"{").status_code == 400
