@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from edgeflow.ops.processes import answers
 from tests.helpers.ports import free_port
 
 
@@ -39,11 +40,8 @@ def prefect_server(tmp_path_factory):
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             pytest.fail(f"the server exited {proc.returncode}: {log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
+        if answers(f"{url}/health"):
+            break
         time.sleep(0.5)
     else:
         os.killpg(proc.pid, signal.SIGKILL)
