@@ -79,7 +79,7 @@ def test_a_write_refused_as_busy_is_answered_once_the_lock_is_gone_not_with_a_50
     with httpx.Client(base_url=url, timeout=60) as api:  # no client retries: what the server answers, as it answers
         assert api.post("/work_pools/", json={"name": "busy-test", "type": "process"}).status_code == 201
         flow = api.post("/flows/", json={"name": "busy-test"}).json()
-        _hold_write_lock(db, 0.3)
+        _hold_write_lock(db, 0.8)  # long enough that the request meets it on a loaded box, within RETRY_BUDGET_S
         # create_flow_run reads the pool's queue, then inserts: the transaction SQLite refuses while the lock is held
         r = api.post("/flow_runs/", json={"flow_id": flow["id"], "work_pool_name": "busy-test"})
     assert r.status_code == 201, (r.status_code, r.text)
