@@ -73,9 +73,8 @@ def run(a: argparse.Namespace) -> dict:
     from edgeflow.estimate.roofline import estimate
     from edgeflow.estimate.runtimes import runtime_efficiency
     from edgeflow.model.architecture import describe
-    from edgeflow.profile.slo import SLOTarget
-
     from edgeflow.profile.devices import device_class
+    from edgeflow.profile.slo import SLOTarget
 
     device_class(a.device, "--device")
     runtime = runtime_efficiency(a.runtime)
@@ -89,9 +88,9 @@ def run(a: argparse.Namespace) -> dict:
     except ValidationError as e:
         raise ValueError("; ".join(f"--{'-'.join(str(x) for x in err['loc']) or 'arguments'}: {err['msg']}"
                                    for err in e.errors())) from None
-    for name, value, lo in (("--prompt", a.prompt, 1), ("--concurrency", a.concurrency, 1), ("--new-tokens", a.new_tokens, 1)):
-        if value < lo:
-            raise ValueError(f"{name}: {value} must be at least {lo}")
+    for name, value in (("--prompt", a.prompt), ("--concurrency", a.concurrency), ("--new-tokens", a.new_tokens)):
+        if value < 1:
+            raise ValueError(f"{name}: {value} must be at least 1")
     if a.prompt + a.new_tokens > arch.context_length:
         raise ValueError(f"--prompt {a.prompt} + --new-tokens {a.new_tokens} is over the model's context of "
                          f"{arch.context_length} tokens; give a shorter prompt")

@@ -55,10 +55,7 @@ class TokenCost(BaseModel):
     embedding_table_bytes: float = Field(description="Bytes of the embedding table resident in memory.")
     head_bytes: float = Field(description="Bytes of the output head read per decode step (the tied table, or its own matrix).")
     tied_head: bool = Field(description="The head is the embedding table (resident once).")
-    kv_bytes_per_token: float = Field(description="KV cache bytes one token keeps across all layers (full layers; a "
-                                      "sliding layer stops growing at its window).")
     linear_params: int = Field(description="Weights of every decoder layer's linear layers (the prefill's matmuls).")
-    layers: int = Field(description="Decoder layers.")
     windows: tuple[int | None, ...] = Field(description="Per layer: its sliding window, or None.")
     kv_per_layer_token: float = Field(description="KV cache bytes one token keeps in one layer.")
     attn_flops_per_key: float = Field(description="FLOPs one query token spends on one attended key in one layer.")
@@ -74,9 +71,18 @@ class TokenCost(BaseModel):
         """Weight bytes the engine keeps in memory: the layers, the embedding table and an untied head."""
         return self.layer_bytes + self.embedding_table_bytes + (0 if self.tied_head else self.head_bytes)
 
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """KV cache bytes one token keeps across all layers (a sliding layer stops growing at its window)."""
+        return self.kv_per_layer_token * len(self.windows)
+
+    def _keys(self, context: int) -> int:
+        """Positions one query attends to at `context` tokens, summed over the layers (a sliding layer: its window)."""
+        return sum(min(context, w) if w else context for w in self.windows)
+
     def kv_read_bytes(self, context: int) -> float:
         """KV cache bytes one stream's decode step reads at `context` tokens."""
-        return sum(self.kv_per_layer_token * (min(context, w) if w else context) for w in self.windows)
+        return self.kv_per_layer_token * self._keys(context)
 
     def kv_resident_bytes(self, tokens: int) -> float:
         """KV cache bytes one session of `tokens` tokens keeps."""
@@ -95,8 +101,7 @@ class TokenCost(BaseModel):
 
     def decode_flops(self, context: int) -> float:
         """FLOPs of one stream's decode step at `context` tokens."""
-        attended = sum(min(context, w) if w else context for w in self.windows)
-        return 2 * self.linear_params + self.attn_flops_per_key * attended + self.head_flops
+        return 2 * self.linear_params + self.attn_flops_per_key * self._keys(context) + self.head_flops
 
 
 def token_cost(arch: Architecture, scheme: Scheme) -> TokenCost:
@@ -109,17 +114,14 @@ def token_cost(arch: Architecture, scheme: Scheme) -> TokenCost:
              + (q + 2 * kv if arch.qkv_bias else 0) + (h if arch.o_bias else 0)
              + (2 * inter + h if arch.mlp_bias else 0))
     per_layer = sum(scheme.matrix_bytes(r, c) for r, c in mats) + 2 * small
-    table = arch.vocab_size * h * 2.0
-    head = (table if scheme.head_bits == 16 else scheme.matrix_bytes(arch.vocab_size, h, scheme.head_bits)) \
-        if arch.tie_word_embeddings else scheme.matrix_bytes(arch.vocab_size, h, scheme.head_bits)
-    if arch.tie_word_embeddings and scheme.head_bits != 16:
-        table = head  # one table, read by rows for the embedding and whole for the head
+    head = scheme.matrix_bytes(arch.vocab_size, h, scheme.head_bits)
+    # tied: one table, read by rows for the embedding and whole for the head; untied: the embedding's own fp16 table
+    table = head if arch.tie_word_embeddings else arch.vocab_size * h * 2.0
     kv_layer = 2 * kv * scheme.kv_bytes
     windows = tuple(arch.window(i) for i in range(arch.num_hidden_layers))
     return TokenCost(
         layer_bytes=arch.num_hidden_layers * per_layer + 2 * h,  # + the final norm
         embedding_row_bytes=h * 2.0, embedding_table_bytes=table, head_bytes=head, tied_head=arch.tie_word_embeddings,
-        kv_bytes_per_token=kv_layer * arch.num_hidden_layers, linear_params=arch.num_hidden_layers * linear,
-        layers=arch.num_hidden_layers, windows=windows, kv_per_layer_token=kv_layer,
+        linear_params=arch.num_hidden_layers * linear, windows=windows, kv_per_layer_token=kv_layer,
         attn_flops_per_key=4.0 * arch.num_attention_heads * hd, head_flops=2.0 * arch.vocab_size * h,
     )

@@ -78,7 +78,8 @@ def cached_probe(max_age_s: float = 86400.0) -> HostLimits:
     from edgeflow.paths import user_cache
 
     threads = threads_from_env()
-    key = hashlib.sha256(f"{_cpu_name()}|{threads}|{SOURCE.read_bytes().hex()}".encode()).hexdigest()[:16]
+    source = hashlib.sha256(SOURCE.read_bytes()).hexdigest()
+    key = hashlib.sha256(f"{_cpu_name()}|{threads}|{source}".encode()).hexdigest()[:16]
     path = user_cache() / "probe" / f"{key}.json"
     try:
         if time.time() - path.stat().st_mtime < max_age_s:

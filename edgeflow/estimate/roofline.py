@@ -65,13 +65,13 @@ def estimate(cost: TokenCost, limits: Limits, runtime: RuntimeEfficiency, prompt
     peak = limits.peak_tflops * 1e12
     context = prompt_tokens + max_new_tokens // 2
     step_bytes = cost.step_weight_bytes + concurrency * cost.kv_read_bytes(context)
-    mem_s, flop_s = step_bytes / bw, concurrency * cost.decode_flops(context) / peak
-    step_s = max(mem_s / runtime.bandwidth, flop_s / runtime.compute)
+    mem_s, flop_s = step_bytes / bw, concurrency * cost.decode_flops(context) / peak  # the roofline's
+    mem_t, flop_t = mem_s / runtime.bandwidth, flop_s / runtime.compute  # the runtime's
     flops = cost.prefill_flops(prompt_tokens)
     p_flop_s, p_mem_s = flops / (peak * runtime.compute), cost.step_weight_bytes / (bw * runtime.bandwidth)
     resident = (cost.resident_weight_bytes + concurrency * cost.kv_resident_bytes(prompt_tokens + max_new_tokens)) / 1e6
     return Estimate(
-        decode_tok_s=1 / step_s, decode_bound="memory" if mem_s / runtime.bandwidth >= flop_s / runtime.compute else "compute",
+        decode_tok_s=1 / max(mem_t, flop_t), decode_bound="memory" if mem_t >= flop_t else "compute",
         decode_roofline_tok_s=1 / max(mem_s, flop_s),
         ttft_p99_ms=1000 * concurrency * max(p_flop_s, p_mem_s), ttft_bound="compute" if p_flop_s >= p_mem_s else "memory",
         memory_mb=resident + runtime.overhead_mb, step_bytes=step_bytes, prefill_flops=flops,

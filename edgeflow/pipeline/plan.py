@@ -393,16 +393,13 @@ def slo_plan(plan: Plan, profile: Profile, teacher_here: bool) -> None:
     if not profile.slo.targets:
         return
     from edgeflow.estimate.variants import slo_estimates
-    from edgeflow.model.architecture import describe
-    from edgeflow.model.source import teacher_dir
 
     if not teacher_here:
         plan.estimates.append({"not_estimated": "the teacher is not on this host yet (distill's host fetches it): run "
                                "`edgeflow plan` there, or `edgeflow estimate --model` on the teacher's config.json"})
         return
-    config = teacher_dir(profile) / "config.json"
     try:
-        teacher = describe(json.loads(config.read_text()), str(config))
+        teacher = teacher_architecture(profile)
     except (OSError, ValueError) as e:
         plan.estimates.append({"not_estimated": str(e)})
         return
@@ -449,16 +446,25 @@ def _why(look: Lookup, call, files: dict[str, str]) -> list[str]:
 # ------------------------------------------------------------------------------------------------------------------
 
 
+def teacher_architecture(profile: Profile):
+    """The teacher's description from its config.json on this host (call it where the teacher is: resolving it
+    elsewhere downloads or converts); ValueError when there is none or its family is unknown."""
+    from edgeflow.engines.checkpoint import read_config
+    from edgeflow.model.architecture import describe
+    from edgeflow.model.source import teacher_dir
+
+    path = teacher_dir(profile)
+    return describe(read_config(path), f"{path}/config.json")
+
+
 def student_advice(profile: Profile) -> list[str]:
     """What the distill settings would make of the teacher on this host, when a layer cut saves too little to be worth
     it (edgeflow/model/architecture.py cut_advice); nothing for a family the model description does not know (the distill
     stage names that) or a student_from student."""
-    from edgeflow.model.architecture import cut_advice, describe
-    from edgeflow.model.source import teacher_dir
+    from edgeflow.model.architecture import cut_advice
 
-    config = teacher_dir(profile) / "config.json"
     try:
-        arch = describe(json.loads(config.read_text()), str(config))
+        arch = teacher_architecture(profile)
     except (OSError, ValueError):
         return []
     kept = profile.distill.student_layers(arch.num_hidden_layers)

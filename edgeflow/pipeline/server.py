@@ -74,7 +74,6 @@ class BusyRetry:
         answer went to the client."""
         replayed = False
         held = False
-        started = False
 
         async def replay() -> Message:
             nonlocal replayed
@@ -84,12 +83,10 @@ class BusyRetry:
             return await receive()  # after the body: the client's disconnect, as the app would see it
 
         async def hold_or_send(message: Message) -> None:
-            nonlocal held, started
-            if message["type"] == "http.response.start":
-                if message["status"] == 503 and not forward_503:
-                    held = True
-                    return
-                started = True
+            nonlocal held
+            if message["type"] == "http.response.start" and message["status"] == 503 and not forward_503:
+                held = True
+                return
             if not held:
                 await send(message)
 
@@ -100,7 +97,7 @@ class BusyRetry:
         except Exception:
             # Starlette re-raises the handled exception after its 503 went out (ServerErrorMiddleware), for the
             # server's log; a held 503 is retried instead. Anything else is the server's to log, as before.
-            if held and not started:
+            if held:
                 return True
             raise
         return held

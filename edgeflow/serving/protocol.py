@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import hashlib
 import re
 from typing import Annotated, Any, Literal
 
@@ -158,17 +159,15 @@ class FeedbackTimings(BaseModel):
 # access log ships home for the nightly; an id is copied there as sent, unlike text, which the nightly scrubs, so
 # anything else (an e-mail address, a phone number, a name) must not be stored as an id.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+_ID = re.compile(ID_PATTERN)
 
 
 def logged_id(value: str | None) -> str | None:
     """A client's identifier as the access log keeps it: as sent when it matches ID_PATTERN, else a digest of it
     (`sha256:` and 16 hex digits: the same value links the same records, without its text)."""
-    import hashlib
-    import re
-
     if not value:
         return None
-    if re.fullmatch(ID_PATTERN, value):
+    if _ID.fullmatch(value):
         return value
     return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
