@@ -12,6 +12,12 @@ from edgeflow.estimate.runtimes import ROOFLINE, RUNTIMES
 from edgeflow.model.architecture import Architecture
 from edgeflow.profile import Profile
 
+# The student ArtifactRef's meta key holding its config.json (edgeflow/pipeline/distill.py writes it).
+CONFIG_META_KEY = "config"
+
+# The FP student's row (variant_schemes): the gate's yardstick, built whatever the objectives, never a candidate.
+_FP_ROWS = ("fp32", "fp16")
+
 # cpu_native keeps its head as int8 rows whatever the variant (engines/cpu_native/settings.py FORMAT_VERSION 2), and
 # its fp32 reference engine fp32 layers; GPU runtimes keep the head in fp16.
 _QUANTIZED_HEAD_BITS = {"cpu_native": 8}
@@ -65,10 +71,59 @@ def slo_estimates(profile: Profile, teacher: Architecture) -> list[dict[str, Any
             if isinstance(scheme, str):
                 rows.append({"variant": name, "not_estimated": scheme})
                 continue
-            est = estimate(token_cost(student, scheme), limits, runtime, target.prompt_tokens, target.concurrency,
-                           target.max_new_tokens)
-            rows.append({"variant": name, "estimate": est.model_dump(), "misses": est.misses(target)})
+            cost = token_cost(student, scheme)
+            est = estimate(cost, limits, runtime, target.prompt_tokens, target.concurrency, target.max_new_tokens)
+            best = estimate(cost, limits, ROOFLINE, target.prompt_tokens, target.concurrency, target.max_new_tokens)
+            # misses: with the runtime's fitted efficiency; unservable: even at the roofline (what the release refuses)
+            rows.append({"variant": name, "estimate": est.model_dump(), "misses": est.misses(target),
+                         "unservable": [] if name in _FP_ROWS else best.misses(target)})
         out.append({"target": target.model_dump(), "limits": limits.model_dump(), "runtime": runtime.model_dump(),
                     "student": student if isinstance(student, str) else f"{student.num_hidden_layers} layers",
                     "variants": rows})
     return out
+
+
+def unservable(profile: Profile, student: Architecture) -> dict[str, list[str]]:
+    """{variant: why no engine could serve it}, for the variants whose roofline (every efficiency 1, no runtime
+    overhead: the best any engine can do on the device) misses an objective of some slo target; what a release refuses
+    to quantize and build. Empty without targets or with slo.build_anyway."""
+    from edgeflow.estimate import limits_for
+
+    if profile.slo.build_anyway or not profile.slo.targets:
+        return {}
+    out: dict[str, list[str]] = {}
+    for name, scheme in variant_schemes(profile).items():
+        if isinstance(scheme, str) or name in _FP_ROWS:  # not counted, or the FP student (the yardstick, always built)
+            continue
+        cost = token_cost(student, scheme)
+        for target in profile.slo.targets:
+            best = estimate(cost, limits_for(target.device), ROOFLINE, target.prompt_tokens, target.concurrency,
+                            target.max_new_tokens)
+            out.setdefault(name, []).extend(f"{target.device}: {m}" for m in best.misses(target))
+    return {k: v for k, v in out.items() if v}
+
+
+def roofline_fractions(profile: Profile, student: Architecture, variant: str, measured_target: dict[str, Any]) -> dict[str, Any]:
+    """How close a variant's engine came to the host's limits on one measured slo target (a row's `slo` entry, as
+    edgeflow/evaluation/service.py wrote it): the roofline decode and TTFT of the same workload (every efficiency 1:
+    the host's bandwidth and peak, the bytes and FLOPs counted here) and the measured figures as fractions of them;
+    {"not_estimated": why} for a variant whose scheme or a model whose family is not counted."""
+    from edgeflow.estimate import limits_for
+    from edgeflow.profile.slo import SLOTarget
+
+    scheme = variant_schemes(profile).get(variant)
+    if not isinstance(scheme, Scheme):
+        return {"not_estimated": scheme or f"{variant} is not a variant of this profile"}
+    m = measured_target["measured"]
+    target = SLOTarget(device=measured_target["device"], **measured_target["objectives"])
+    limits = limits_for(target.device)
+    best = estimate(token_cost(student, scheme), limits, ROOFLINE, target.prompt_tokens, target.concurrency,
+                    target.max_new_tokens)
+    return {
+        "bandwidth_gb_s": limits.bandwidth_gb_s, "peak_tflops": limits.peak_tflops,
+        "step_bytes": best.step_bytes, "prefill_flops": best.prefill_flops,
+        "decode_roofline_tok_s": round(best.decode_roofline_tok_s, 1),
+        "decode_fraction": round(m["decode_tok_s"] / best.decode_roofline_tok_s, 3) if m.get("decode_tok_s") else None,
+        "ttft_roofline_ms": round(best.ttft_p99_ms, 2),
+        "prefill_fraction": round(best.ttft_p99_ms / m["ttft_p99_ms"], 3) if m.get("ttft_p99_ms") else None,
+    }

@@ -11,7 +11,9 @@ from pathlib import Path
 
 from edgeflow.calibration.mix import allocate
 from edgeflow.profile import GateConfig
+from edgeflow.profile.slo import SLOTarget
 from edgeflow.engines import generate_many, get_backend
+from edgeflow.evaluation import service
 from edgeflow.evaluation.answers import answer_prompts, ok_share, summary
 from edgeflow.evaluation.metrics import Accumulator, greedy_exact_match, log_softmax
 from edgeflow.evaluation.reference import Reference
@@ -98,17 +100,22 @@ def variant_reasons(m: dict, gate: GateConfig, answers: list[dict]) -> list[str]
     return reasons
 
 
-def run_gate(reference: Reference, variants: list[dict], gate: GateConfig, backend_name: str) -> tuple[list[dict], dict]:
+def run_gate(reference: Reference, variants: list[dict], gate: GateConfig, backend_name: str,
+             slo_targets: list[SLOTarget] | None = None, pool: str = "inline") -> tuple[list[dict], dict]:
     """Score every variant's engine, on this host, against the stored FP reference (edgeflow/evaluation/reference.py).
 
     `variants`: dicts with name, engine_dir, size_mb, quantized (bool). Sequences are scored one at a time for all
     engines together, so no full logit tensor set is ever held in memory. Each engine continues the reference's
     greedy prompts for `gate.greedy_tokens` tokens (greedy exact match), all in flight together (generate_many).
     Engine parity compares each engine with its own fake-quantized model's argmax, which the reference half stored.
+    Each quantized variant is also measured against `slo_targets` (slo.targets) where this host stands for them
+    (edgeflow/evaluation/service.py; `pool`: where this stage runs, placement.consistency): a missed objective fails
+    the variant like a missed threshold, as an `slo <device>:` reason, and the row's `slo` holds the figures.
     Returns (rows, distributions): per-sequence agreement, per-token KL and per-layer hidden-state error per
     variant, for the plots.
     """
     backend = get_backend(backend_name)
+    here, elsewhere = service.targets_here(list(slo_targets or []), backend, pool)
     sessions = {v["name"]: backend.load(Path(v["engine_dir"])) for v in variants}
     missing = [v["name"] for v in variants if v["quantized"] and v["name"] not in reference.fakeq_argmax]
     if missing:
@@ -145,6 +152,11 @@ def run_gate(reference: Reference, variants: list[dict], gate: GateConfig, backe
         m["answers_degenerate"], m["answers_distinct_2"] = said["degenerate"], said["distinct_2_mean"]
         progress.update(len(reference.seqs) + k)  # its greedy continuations, speed and answers
         reasons = variant_reasons(m, gate, answers)
+        quality_passed = not reasons
+        slo = None
+        if v["quantized"] and (here or elsewhere):  # the FP student is the yardstick, never served
+            slo = service.check_targets(backend, Path(v["engine_dir"]), here, reference.seqs) + elsewhere
+            reasons += [f"slo {t['device']}: {miss}" for t in slo for miss in t.get("misses", [])]
         rows.append(
             {
                 "name": v["name"],
@@ -163,6 +175,8 @@ def run_gate(reference: Reference, variants: list[dict], gate: GateConfig, backe
                 "passed": not reasons,
                 "quantized": v["quantized"],
                 "reasons": reasons,
+                "quality_passed": quality_passed,
+                "slo": slo,
                 "metrics": m,
                 "greedy_continuations": [[int(t) for t in c] for c in eng_continuations],
                 "answers": answers,

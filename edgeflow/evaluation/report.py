@@ -45,7 +45,15 @@ class GateRow(BaseModel):
     ppl: float = Field(description="Perplexity of the engine on the evaluation texts.")
     passed: bool = Field(description="True when the variant met every gate threshold.")
     quantized: bool = Field(description="True for a quantized variant, False for the FP student.")
-    reasons: list[str] = Field(description="Why the variant failed, one line per missed threshold; empty when it passed.")
+    reasons: list[str] = Field(description="Why the variant failed, one line per missed threshold, then one per missed "
+                               "service objective (`slo <device>: ...`); empty when it passed.")
+    quality_passed: bool | None = Field(
+        default=None, description="True when the variant met every quality threshold, whatever its service objectives "
+        "(a recalibration cannot make an engine faster); None in reports written before service objectives.")
+    slo: list[dict[str, Any]] | None = Field(
+        default=None, description="Per slo.targets entry: {device, pool, objectives, measured, misses} as "
+        "edgeflow/evaluation/service.py measured the engine on this host, or {device, pool, not_measured} where this host "
+        "does not stand for the target; None for the FP student and without service objectives.")
     metrics: dict[str, float | int | None] = Field(
         description="Every figure the gate computed for the variant (edgeflow/evaluation/metrics.py), engine_parity included."
     )

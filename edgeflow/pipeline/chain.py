@@ -48,6 +48,27 @@ def run_deploy_on_pool(profile: str, alias: str) -> dict:
     return fr.state.result()
 
 
+class SLOUnreachable(RuntimeError):
+    """Every variant of the profile misses a service objective even at the hardware's limit: nothing is built."""
+
+
+def unservable_variants(ctx: ReleaseContext, student: ArtifactRef) -> dict[str, list[str]]:
+    """{variant: why no engine could serve it within slo.targets}, from the student's config.json as the distill stage
+    published it (edgeflow/estimate/variants.py unservable); {} for a student published without it or of a family the
+    model description cannot count (the plan says so; the gate still measures every built variant)."""
+    from edgeflow.estimate.variants import CONFIG_META_KEY, unservable
+    from edgeflow.model.architecture import describe
+
+    config = student.meta.get(CONFIG_META_KEY)
+    if config is None or not ctx.resolved().slo.targets:
+        return {}
+    try:
+        arch = describe(config, "the student's config.json")
+    except ValueError:
+        return {}
+    return unservable(ctx.resolved(), arch)
+
+
 @task
 def summarize_attempt(gate_report: ArtifactRef) -> dict:
     """Did any quantized variant pass this attempt's gate, and how close did the best one come?"""
@@ -62,26 +83,38 @@ def quantize_and_gate(ctx: ReleaseContext, student: ArtifactRef) -> tuple[Artifa
 
     Bounded recalibration: when no variant meets the bar, try again with a larger calibration set
     (each attempt's stages are their own MLflow runs), at most gate.recalibration_attempts times, and not at all when
-    the FP student's own answers fail gate.student.min_answers_ok (a calibration set cannot fix the student).
+    the FP student's own answers fail gate.student.min_answers_ok (a calibration set cannot fix the student) or when
+    every quantized variant missed a service objective (nor make an engine faster).
     Returns the last attempt's gate report and calibration set, and every attempt's summary.
     Each stage runs where the profile's placement says (edgeflow/pipeline/stages.py).
     """
     attempts = []
+    refused = unservable_variants(ctx, student)
+    for name, why in refused.items():
+        print(f"{name}: not built, no engine could serve it within slo (set slo.build_anyway to build it): {'; '.join(why)}")
+    if refused and len(refused) == len(ctx.resolved().quantize.variants):
+        raise SLOUnreachable("no variant can meet the service objectives on its target, whatever the engine (the roofline "
+                             "estimate, edgeflow/estimate/): " + "; ".join(f"{n}: {', '.join(w)}" for n, w in refused.items())
+                             + ". Relax slo.targets, choose a smaller student or fewer bits, or set slo.build_anyway")
     for attempt in range(ctx.resolved().gate.recalibration_attempts + 1):
         # `calls`: the stages the release can look up before submitting them; distill and build_engine key on what
         # their own host resolves (the teacher, the builder), so only their host can say whether they are cached.
         calibration = run_stage(ctx, "calibrate", calibrate_stage.calibrate, calls=calibrate_stage.stage_calls,
                                 student=student, attempt=attempt)
         quantized = run_stage(ctx, "quantize", quantize_stage.quantize, calls=quantize_stage.stage_calls,
-                              student=student, calibration=calibration, attempt=attempt)
+                              student=student, calibration=calibration, attempt=attempt, refused=sorted(refused))
         checkpoints = [student, *quantized]
         engines = run_stage(ctx, "build_engine", build_engine, checkpoints=checkpoints)
         reference = run_stage(ctx, "gate_reference", gate_reference_stage.gate_reference, calls=gate_reference_stage.stage_calls,
                               student=student, calibration=calibration, checkpoints=checkpoints, attempt=attempt)
         gate_report = run_stage(ctx, "consistency", consistency_stage.consistency, calls=consistency_stage.stage_calls,
                                 reference=reference, checkpoints=checkpoints, engines=engines, attempt=attempt)
-        attempts.append(summarize_attempt(gate_report))
+        attempts.append(summarize_attempt(gate_report) | {"refused_before_build": refused})
         if attempts[-1]["passed"]:
+            break
+        if attempts[-1]["slo_missed"] and len(attempts[-1]["slo_missed"]) == attempts[-1]["quantized"]:
+            # a larger calibration set cannot make an engine faster or smaller
+            print(f"attempt {attempt}: every quantized variant missed a service objective (slo); not recalibrating")
             break
         limit, fp_ok = ctx.resolved().gate.student.min_answers_ok, attempts[-1]["fp_answers_ok"]
         if limit is not None and fp_ok is not None and fp_ok < limit:

@@ -15,6 +15,7 @@ from prefect import flow, task
 from edgeflow.pipeline.stages import Call, StageCalls, enter_stage
 from edgeflow.tracking.artifacts import ArtifactRef
 from edgeflow.profile import GateConfig
+from edgeflow.profile.slo import SLOConfig
 from edgeflow.tracking.runs import ReleaseContext, content_key, log_values, stage_run
 
 
@@ -27,8 +28,11 @@ def gate_variants(
     backend: str,
     ctx: ReleaseContext,
     attempt: int = 0,
+    slo: SLOConfig | None = None,
+    pool: str = "inline",
 ) -> ArtifactRef:
-    """Score each engine against the reference and write the gate report (with its plots)."""
+    """Score each engine against the reference and measure it against the service objectives this host stands for
+    (`pool`: where this stage runs), and write the gate report (with its plots)."""
     from edgeflow.evaluation import plots
     from edgeflow.evaluation.gate import run_gate
     from edgeflow.evaluation.report import GateReport
@@ -45,8 +49,10 @@ def gate_variants(
         variants.append({"name": c.meta.get("variant", "fp32"), "engine_dir": str(engine_dir), "size_mb": size,
                          "quantized": c.kind == "quantized", "checkpoint": c, "engine": e})
     stage = run_name(attempt)
-    with stage_run(ctx, stage, gate.model_dump() | {"backend": backend, "reference_sha256": reference.sha256}) as (client, run_id):
-        rows, dists = run_gate(ref, variants, gate, backend)
+    params = gate.model_dump() | {"backend": backend, "reference_sha256": reference.sha256, "pool": pool}
+    with stage_run(ctx, stage, params) as (client, run_id):
+        rows, dists = run_gate(ref, variants, gate, backend, slo.targets if slo else None, pool)
+        add_roofline(profile, rows, variants)
         for v, row in zip(variants, rows):
             row["checkpoint"] = v["checkpoint"].model_dump()
             row["engine"] = v["engine"].model_dump()
@@ -59,6 +65,9 @@ def gate_variants(
                 if row["metrics"][k] is not None:
                     figures[f"{row['name']}.{k}"] = row["metrics"][k]
             figures[f"{row['name']}.decode_tok_s_greedy"] = row["decode_tok_s_greedy"]
+            for t in row["slo"] or []:  # e.g. gptq-w4a16.slo.x86-cpu.ttft_p99_ms
+                figures |= {f"{row['name']}.slo.{t['device']}.{k}": v for k, v in (t.get("measured") or {}).items()
+                            if isinstance(v, (int, float))}
         log_values(client, run_id, metrics=figures)
         plot_dir = profile.work / "releases" / ctx.release_id / f"plots-attempt{attempt}"
         plot_dir.mkdir(parents=True, exist_ok=True)
@@ -87,6 +96,27 @@ def gate_variants(
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1))
         return publish(client, run_id, out, "gate", "gate-report")
+
+
+def add_roofline(profile, rows: list[dict], variants: list[dict]) -> None:
+    """Each measured slo target of each row gets `roofline`: the measured decode and TTFT as fractions of the host's
+    limits (edgeflow/estimate/variants.py roofline_fractions), from the FP student's config.json (the variants share it)."""
+    from edgeflow.engines.checkpoint import read_config
+    from edgeflow.estimate.variants import roofline_fractions
+    from edgeflow.model.architecture import describe
+    from edgeflow.tracking.store import materialize
+
+    measured = [(row, t) for row in rows for t in row.get("slo") or [] if t.get("measured")]
+    if not measured:
+        return
+    fp = next(v for v in variants if not v["quantized"])
+    try:
+        student = describe(read_config(materialize(fp["checkpoint"])), "the student's config.json")
+    except ValueError as e:
+        student = str(e)
+    for row, t in measured:
+        t["roofline"] = {"not_estimated": student} if isinstance(student, str) else \
+            roofline_fractions(profile, student, row["name"], t)
 
 
 def engine_precision(engine_dir) -> str:
@@ -119,4 +149,5 @@ def gate_call(ctx: ReleaseContext, reference: ArtifactRef, checkpoints: list[Art
               attempt: int = 0) -> Call:
     """The gate as the stage runs it: reference, checkpoints and engines, with the gate settings and the backend."""
     p = ctx.resolved()
-    return Call(gate_variants, (reference, checkpoints, engines, p.gate, p.engine.backend, ctx, attempt), run_name(attempt))
+    return Call(gate_variants, (reference, checkpoints, engines, p.gate, p.engine.backend, ctx, attempt, p.slo,
+                                p.placement.consistency), run_name(attempt))

@@ -33,6 +33,8 @@ def train_student(teacher: ArtifactRef, cfg: DistillConfig, corpora: list[Artifa
     from edgeflow.distill.run import cache_spec, teacher_cache_root
     from edgeflow.distill.launch import distill_runner
     from edgeflow.evaluation.gate import eval_texts
+    from edgeflow.engines.checkpoint import read_config
+    from edgeflow.estimate.variants import CONFIG_META_KEY
     from edgeflow.tracking.lineage import TEACHER_META_KEY
     from edgeflow.model.source import teacher_dir
     from edgeflow.tracking.store import materialize, publish
@@ -66,7 +68,9 @@ def train_student(teacher: ArtifactRef, cfg: DistillConfig, corpora: list[Artifa
         history = metrics.pop("history")
         log_values(client, run_id, metrics=metrics)
         client.log_dict(run_id, {"history": history}, "distill_history.json")
-        return publish(client, run_id, out, "student", "student", meta=metrics | {TEACHER_META_KEY: teacher.model_dump()})
+        # the student's config.json rides along: the release estimates its variants from it before building any
+        return publish(client, run_id, out, "student", "student", meta=metrics | {TEACHER_META_KEY: teacher.model_dump(),
+                                                                              CONFIG_META_KEY: read_config(out)})
 
 
 def train_call(ctx: ReleaseContext, teacher: ArtifactRef) -> Call:

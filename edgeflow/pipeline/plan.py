@@ -389,7 +389,8 @@ def make_plan(profile_path: str) -> Plan:
 def slo_plan(plan: Plan, profile: Profile, teacher_here: bool) -> None:
     """Each variant estimated on each slo target (edgeflow/estimate/variants.py), from the teacher's config.json when
     this host has the teacher (resolving it would download or convert: the distill host's work); a target no variant
-    can meet is a problem (exit 1) unless slo.build_anyway."""
+    can meet even at the hardware's limit (the roofline: what the release refuses to build) is a problem (exit 1)
+    unless slo.build_anyway."""
     if not profile.slo.targets:
         return
     from edgeflow.estimate.variants import slo_estimates
@@ -405,12 +406,13 @@ def slo_plan(plan: Plan, profile: Profile, teacher_here: bool) -> None:
         return
     plan.estimates = slo_estimates(profile, teacher)
     for t in plan.estimates:
-        rows = [r for r in t["variants"] if "estimate" in r]
-        if rows and all(r["misses"] for r in rows) and not profile.slo.build_anyway:
+        rows = [r for r in t["variants"] if "estimate" in r and r["unservable"] is not None]
+        rows = [r for r in rows if r["variant"] not in ("fp32", "fp16")]  # the yardstick: built whatever the objectives
+        if rows and all(r["unservable"] for r in rows) and not profile.slo.build_anyway:
             target = t["target"]
             plan.problems.append(
-                f"slo: no variant can meet the objectives on {target['device']} ({rows[0]['variant']}: "
-                f"{'; '.join(rows[0]['misses'])}); change the objectives or the student (fewer layers, fewer bits), or "
+                f"slo: no variant can meet the objectives on {target['device']}, whatever the engine ({rows[0]['variant']}: "
+                f"{'; '.join(rows[0]['unservable'])}); change the objectives or the student (fewer layers, fewer bits), or "
                 "set slo.build_anyway to build them anyway")
 
 
@@ -504,7 +506,10 @@ def _render_estimates(estimates: list[dict]) -> list[str]:
             e = r["estimate"]
             lines.append(f"    {r['variant']:<28} decode {e['decode_tok_s']:,.1f} tok/s, TTFT p99 {e['ttft_p99_ms']:,.0f} ms, "
                          f"memory {e['memory_mb']:,.0f} MB" + ("" if r["misses"] else ": can meet"))
-            lines += [f"      cannot meet: {m}" for m in r["misses"]]
+            if r.get("unservable"):
+                lines += [f"      not built (no engine could: the roofline): {m}" for m in r["unservable"]]
+            else:
+                lines += [f"      cannot meet (estimate): {m}" for m in r["misses"]]
     return lines
 
 

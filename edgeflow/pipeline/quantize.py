@@ -67,9 +67,10 @@ def run_name(variant: VariantConfig, attempt: int) -> str:
 
 
 def variant_calls(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef, attempt: int = 0,
-                  open_input: Callable[[ArtifactRef], Path] | None = None) -> list[Call]:
+                  open_input: Callable[[ArtifactRef], Path] | None = None, refused: list[str] | None = None) -> list[Call]:
     """One call per variant of this attempt, as the stage makes them: a variant quantized elsewhere is adopted, the
-    others quantized with their recipe (read through `open_input`, the store by default) in slots of max_parallel."""
+    others quantized with their recipe (read through `open_input`, the store by default) in slots of max_parallel.
+    `refused`: variants the release will not build (no engine could serve them within slo: edgeflow/pipeline/chain.py)."""
     from edgeflow.quantize.recipe import load_recipe
     from edgeflow.tracking.store import materialize
 
@@ -79,6 +80,7 @@ def variant_calls(ctx: ReleaseContext, student: ArtifactRef, calibration: Artifa
         v.model_copy(update={"calibration_samples": v.calibration_samples * 2**attempt}) if v.calibration_samples else v
         # attempt k also tries the k first less aggressive fallbacks (mixed W8/W4, then W8A16, …)
         for v in p.quantize.variants + p.quantize.fallback_variants[:attempt]
+        if v.name not in (refused or ())
     ]
     read = open_input or materialize
     calls, slot = [], 0
@@ -93,18 +95,20 @@ def variant_calls(ctx: ReleaseContext, student: ArtifactRef, calibration: Artifa
     return calls
 
 
-def stage_calls(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef, attempt: int = 0) -> StageCalls:
+def stage_calls(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef, attempt: int = 0,
+                refused: list[str] | None = None) -> StageCalls:
     """The stage's calls, for the release to look up before it submits the stage (edgeflow/pipeline/stages.py run_stage): one
     per variant, in the profile's order, which is the order of the checkpoints the stage returns."""
-    return StageCalls(variant_calls(ctx, student, calibration, attempt), many=True)
+    return StageCalls(variant_calls(ctx, student, calibration, attempt, refused=refused), many=True)
 
 
 @flow(name="quantize", log_prints=True)
-def quantize(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef, attempt: int = 0) -> list[ArtifactRef]:
-    """Student and calibration set in, one compressed checkpoint per variant out."""
+def quantize(ctx: ReleaseContext, student: ArtifactRef, calibration: ArtifactRef, attempt: int = 0,
+             refused: list[str] | None = None) -> list[ArtifactRef]:
+    """Student and calibration set in, one compressed checkpoint per variant out (less the `refused` ones)."""
     enter_stage(ctx, "quantize")
     p = ctx.resolved()
-    calls = variant_calls(ctx, student, calibration, attempt)
+    calls = variant_calls(ctx, student, calibration, attempt, refused=refused)
     # quantized elsewhere: checked and imported, no oneshot (a cached result whose checkpoint the store lost is adopted again)
     refs = [c.run() for c in calls if c.task is adopt_variant]
     quantizing = [c for c in calls if c.task is quantize_variant]

@@ -35,8 +35,24 @@ def package_variant(row: dict, lineage: dict, dest: Path) -> str:
     return write_manifest(dest)
 
 
+def slo_tags(row: dict) -> dict[str, str]:
+    """{edgeflow.slo.<device>: what the gate measured against that target}, for a registered version's tags."""
+    tags = {}
+    for t in row.get("slo") or []:
+        m = t.get("measured")
+        tags[f"edgeflow.slo.{t['device']}"] = (
+            f"not measured: {t['not_measured']}" if "not_measured" in t else
+            f"met: TTFT p99 {m['ttft_p99_ms']:g} ms, decode {m['decode_tok_s']} tok/s per stream, peak {m['peak_memory_mb']:g} MB "
+            f"at {t['objectives']['prompt_tokens']} prompt tokens, concurrency {t['objectives']['concurrency']}")[:5000]
+    return tags
+
+
 def choose_staging(rows: list[dict]) -> dict | None:
-    """The smallest passing quantized variant; ties go to the higher agreement."""
+    """The smallest passing quantized variant; ties go to the higher agreement.
+
+    Passing includes every service objective the gate measured (slo.targets): among the variants that meet them all,
+    the smallest leaves the device the most memory for KV caches and costs the fleet the least to download, and no
+    objective asks for more speed than it states."""
     passing = [r for r in rows if r["passed"] and r["quantized"]]
     return min(passing, key=lambda r: (r["size_mb"], -r["top1_agreement"])) if passing else None
 
@@ -83,12 +99,14 @@ def register_passing(
                     "edgeflow.gate.ppl": str(row["ppl"]),
                     "edgeflow.gate.passed": "true",
                     GATE_REPORT_TAG: gate_report_link(gate_report),
-                },
+                } | slo_tags(row),
             )
         best = choose_staging(rows)
         if best:
             client.set_registered_model_alias(name, "staging", registered[best["name"]])
         client.log_dict(run_id, {"registered": registered, "staging": best and best["name"]}, "registered.json")
+        if any(r.get("slo") for r in rows):  # every quantized variant's objectives, the missed ones with their figures
+            client.log_dict(run_id, {r["name"]: r["slo"] for r in rows if r.get("slo")}, "slo.json")
     return {
         "model_name": name,
         "registered": registered,

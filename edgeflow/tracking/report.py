@@ -24,7 +24,8 @@ from edgeflow.tracking.runs import log_values
 COLUMNS = ("name", "size_mb", "engine_precision", "decode_tok_s", "ttft_ms", "decode_tok_s_greedy", "top1_agreement",
            "top1_last", "kl", "kl_p99", "ppl", "greedy_exact", "answers_ok", "passed")
 # What the report keeps of each gate row (then engine_parity, rounded, from the row's metrics).
-VARIANT_FIELDS = tuple(c for c in COLUMNS if c != "answers_ok") + ("decode_settings", "quantized", "reasons", "answers")
+VARIANT_FIELDS = tuple(c for c in COLUMNS if c != "answers_ok") + ("decode_settings", "quantized", "reasons", "answers",
+                                                                    "quality_passed", "slo")
 # What the report keeps of the student's evaluation (its ArtifactRef.meta, as the distill stage recorded it).
 STUDENT_FIELDS = ("student_top1_vs_teacher", "student_kl_vs_teacher", "teacher_ppl", "student_ppl", "student_ppl_before_training",
                   "student_top1_before_training", "student_kl_before_training", "student_quality_pct", "student_layers",
@@ -46,6 +47,9 @@ def attempt_summary(gate: GateReport) -> dict:
         "fp_answers_ok": ok_share(fp.answers) if fp and fp.answers is not None else None,
         "calibration_samples": (gate.calibration or {})["total"],
         "passed": [r.name for r in quantized if r.passed],
+        # missed a service objective: no calibration set makes their engines faster or smaller
+        "slo_missed": [r.name for r in quantized if any(t.get("misses") for t in r.slo or [])],
+        "quantized": len(quantized),
         "best": best and f"{best.name}: agreement {best.top1_agreement:.2%}, KL {best.kl:.4f}; {'; '.join(best.reasons) or 'passed'}",
     }
 
@@ -278,6 +282,42 @@ def student_gate_section(v: dict) -> str:
                       "", *rows])
 
 
+def _fractions(r: dict | None) -> str:
+    if not r or "not_estimated" in r:
+        return "-"
+    return f"{_fmt(r['decode_fraction'], '.0%')}, {_fmt(r['prefill_fraction'], '.0%')}"
+
+
+def slo_section(report: dict) -> str:
+    """Each quantized variant against each service objective: measured on the built engine, or why not (slo.targets)."""
+    rows = [r for r in report["variants"] if r.get("slo")]
+    if not rows:
+        return ""
+    out = ["## Service objectives", "",
+           "Each quantized variant's engine measured on the host that built it against slo.targets "
+           "(edgeflow/evaluation/service.py): TTFT p99 of prompts of the stated length arriving `concurrency` at a time, "
+           "decode per stream (p50) at that concurrency and alone, and the engine's peak memory. A variant that misses an "
+           "objective is not registered. Of the roofline: the measured decode and TTFT as fractions of what the host's "
+           "bandwidth and peak allow for the bytes and FLOPs of that workload (edgeflow/estimate/).", "",
+           "| variant | device | objectives | TTFT p99 ms | decode tok/s (alone) | peak MB | of the roofline: decode, prefill | verdict |",
+           "|---|---|---|---:|---:|---:|---:|---|"]
+    for r in rows:
+        for t in r["slo"]:
+            o, m = t.get("objectives") or {}, t.get("measured") or {}
+            wanted = ", ".join(w for w in (
+                f"TTFT p99 ≤ {o['ttft_p99_ms']:g} ms" if o.get("ttft_p99_ms") else "",
+                f"decode ≥ {o['decode_tok_s']:g} tok/s" if o.get("decode_tok_s") else "",
+                f"memory ≤ {o['max_memory_mb']:g} MB" if o.get("max_memory_mb") else "") if w)
+            if o:
+                wanted += f" at {o['prompt_tokens']} prompt tokens, concurrency {o['concurrency']}"
+            verdict = ("not measured: " + t["not_measured"] if "not_measured" in t
+                       else "**missed**: " + "; ".join(t["misses"]) if t["misses"] else "met")
+            out.append(f"| {r['name']} | {t['device']} | {wanted or '-'} | {_fmt(m.get('ttft_p99_ms'), ',.0f')} | "
+                       f"{_fmt(m.get('decode_tok_s'), ',.1f')} ({_fmt(m.get('decode_tok_s_solo'), ',.1f')}) | "
+                       f"{_fmt(m.get('peak_memory_mb'), ',.0f')} | {_fractions(t.get('roofline'))} | {verdict} |")
+    return "\n".join(out)
+
+
 def markdown(report: dict) -> str:
     """The whole report as markdown."""
     s = report["student"]
@@ -292,6 +332,13 @@ def markdown(report: dict) -> str:
         out += [table(report["variants"]), "", gate_paragraph(report), ""]
     else:
         out += ["No variant was quantized: the student gate refused the student first.", ""]
+    if slo := slo_section(report):
+        out += [slo, ""]
+    refused = next((a.get("refused_before_build") for a in report.get("attempts", []) if a.get("refused_before_build")), None)
+    if refused:
+        out += ["## Not built", "", "No engine could serve these variants within slo.targets, even at the device's roofline "
+                "(edgeflow/estimate/; slo.build_anyway builds them):", ""]
+        out += [f"- {name}: {'; '.join(why)}" for name, why in refused.items()] + [""]
     if report.get("student_gate"):
         out += [student_gate_section(report["student_gate"]), ""]
     out += [

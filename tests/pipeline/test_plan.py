@@ -90,7 +90,7 @@ def test_the_plan_estimates_each_variant_on_each_slo_target_and_names_what_it_ca
     assert plan.problems == []  # some variant can meet it
     text = "\n".join(render(plan).splitlines())
     assert "orin-nano-8gb: TTFT p99 <= 500 ms, decode >= 1000 tok/s at 512 prompt tokens, concurrency 2" in text
-    assert "gptq-w4a16" in text and "cannot meet: decode" in text
+    assert "gptq-w4a16" in text and "cannot meet (estimate): decode" in text
 
 
 def test_a_slo_no_variant_can_meet_is_a_problem_unless_built_anyway(tmp_path) -> None:
@@ -100,7 +100,7 @@ def test_a_slo_no_variant_can_meet_is_a_problem_unless_built_anyway(tmp_path) ->
     plan = Plan(profile="p", model="m", services={})
     slo_plan(plan, _slo_profile(tmp_path / "a", slo), teacher_here=True)
     [problem] = plan.problems
-    assert problem.startswith("slo: no variant can meet the objectives on orin-nano-8gb (fp32: decode ")
+    assert problem.startswith("slo: no variant can meet the objectives on orin-nano-8gb, whatever the engine (awq-w4a16: decode ")
     assert "set slo.build_anyway" in problem
     anyway = Plan(profile="p", model="m", services={})
     slo_plan(anyway, _slo_profile(tmp_path / "b", slo | {"build_anyway": True}), teacher_here=True)
@@ -108,3 +108,44 @@ def test_a_slo_no_variant_can_meet_is_a_problem_unless_built_anyway(tmp_path) ->
     away = Plan(profile="p", model="m", services={})
     slo_plan(away, _slo_profile(tmp_path / "c", slo), teacher_here=False)
     assert away.estimates[0]["not_estimated"].startswith("the teacher is not on this host yet")
+
+
+def test_the_release_refuses_only_the_variants_no_engine_could_serve_and_builds_them_with_build_anyway(tmp_path) -> None:
+    """unservable (what a release does not quantize or build) judges at the roofline, not with the runtime's fitted
+    efficiency: between the two variants' best decode speeds, only the slower one is refused; the FP student never is."""
+    from edgeflow.estimate.variants import slo_estimates, unservable
+    from edgeflow.pipeline.plan import teacher_architecture
+
+    probe = _slo_profile(tmp_path / "p", {"targets": [
+        {"device": "orin-nano-8gb", "prompt_tokens": 512, "concurrency": 1, "decode_tok_s": 1}]})
+    teacher = teacher_architecture(probe)
+    best = {r["variant"]: r["estimate"]["decode_roofline_tok_s"] for r in slo_estimates(probe, teacher)[0]["variants"]}
+    slow, fast = sorted(["awq-w4a16", "gptq-w4a16"], key=best.get)  # awq keeps a zero point per group: more bytes
+    assert best[slow] < best[fast]
+    between = (best[slow] + best[fast]) / 2
+    slo = {"targets": [{"device": "orin-nano-8gb", "prompt_tokens": 512, "concurrency": 1, "decode_tok_s": between}]}
+    profile = _slo_profile(tmp_path / "a", slo)
+    refused = unservable(profile, teacher_architecture(profile).model_copy(
+        update={"num_hidden_layers": 3, "layer_types": teacher.layer_types[:3]}))
+    assert list(refused) == [slow]
+    [why] = refused[slow]
+    assert why.startswith(f"orin-nano-8gb: decode {best[slow]:.1f} tok/s < {between:g} tok/s per stream")
+    assert unservable(_slo_profile(tmp_path / "b", slo | {"build_anyway": True}), teacher) == {}
+
+
+def test_a_measured_target_is_put_against_the_roofline_of_the_same_workload(tmp_path) -> None:
+    from edgeflow.estimate.variants import roofline_fractions, slo_estimates
+    from edgeflow.pipeline.plan import teacher_architecture
+
+    target = {"device": "orin-nano-8gb", "prompt_tokens": 512, "concurrency": 2, "decode_tok_s": 1}
+    profile = _slo_profile(tmp_path, {"targets": [target]})
+    teacher = teacher_architecture(profile)
+    [est] = slo_estimates(profile, teacher)
+    best = next(r for r in est["variants"] if r["variant"] == "gptq-w4a16")["estimate"]
+    student = teacher.model_copy(update={"num_hidden_layers": 3, "layer_types": teacher.layer_types[:3]})
+    objectives = {k: v for k, v in target.items() if k != "device"} | {"max_new_tokens": 256}
+    measured = {"device": "orin-nano-8gb", "objectives": objectives,
+                "measured": {"decode_tok_s": best["decode_roofline_tok_s"] / 2, "ttft_p99_ms": 4 * best["ttft_p99_ms"]}}
+    r = roofline_fractions(profile, student, "gptq-w4a16", measured)
+    assert r["decode_fraction"] == 0.5 and r["prefill_fraction"] == 0.25 and r["bandwidth_gb_s"] == 68
+    assert roofline_fractions(profile, student, "nope", measured) == {"not_estimated": "nope is not a variant of this profile"}

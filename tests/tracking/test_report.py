@@ -31,9 +31,38 @@ def test_attempt_summary_names_what_passed_and_the_best_quantized_variant():
     from edgeflow.tracking.report import attempt_summary
 
     assert attempt_summary(_gate()) == {
-        "attempt": 1, "calibration_samples": 64, "passed": ["gptq-w4a16"], "fp_answers_ok": None,
-        "best": "gptq-w4a16: agreement 98.00%, KL 0.0123; passed",
+        "attempt": 1, "calibration_samples": 64, "passed": ["gptq-w4a16"], "fp_answers_ok": None, "slo_missed": [],
+        "quantized": 2, "best": "gptq-w4a16: agreement 98.00%, KL 0.0123; passed",
     }
+
+
+def test_a_variant_that_missed_a_service_objective_is_shown_with_its_figures_and_the_refused_ones_are_listed():
+    from types import SimpleNamespace
+
+    from edgeflow.evaluation.report import GateReport
+    from edgeflow.tracking.report import attempt_summary, markdown, release_report
+    from tests.helpers.reports import REPORT, row
+
+    objectives = {"prompt_tokens": 128, "concurrency": 2, "max_new_tokens": 64, "ttft_p99_ms": 3000.0,
+                  "decode_tok_s": None, "max_memory_mb": 440.0}
+    measured = {"ttft_p99_ms": 900.0, "ttft_p50_ms": 700.0, "decode_tok_s": 55.4, "decode_tok_s_solo": 93.3,
+                "peak_memory_mb": 472.0, "memory_source": "process peak RSS rise", "requests": 20}
+    miss = "peak memory 472 MB > 440 MB (7% over; process peak RSS rise, 128 prompt tokens, concurrency 2)"
+    w8 = row("gptq-w8a16", 0.99, False) | {"reasons": [f"slo x86-cpu: {miss}"], "quality_passed": True, "slo": [
+        {"device": "x86-cpu", "pool": None, "objectives": objectives, "measured": measured, "misses": [miss],
+         "roofline": {"decode_fraction": 0.412, "prefill_fraction": 0.3}}]}
+    gate = GateReport.model_validate(REPORT | {"rows": [*REPORT["rows"], w8]})
+    summary = attempt_summary(gate) | {"refused_before_build": {"w2": ["x86-cpu: memory 9 MB > 1 MB"]}}
+    assert summary["slo_missed"] == ["gptq-w8a16"] and summary["quantized"] == 3
+    ctx = SimpleNamespace(release_id="r-1", profile="p", mlflow_parent_run_id="p", prefect_flow_run_id=None,
+                          resolved=lambda: SimpleNamespace(distill=SimpleNamespace(steps=3), registry=SimpleNamespace(model_name="m")))
+    registry = {"staging": "gptq-w4a16", "staging_version": None, "registered": {}, "why_no_staging": None}
+    student = {"student_layers": 2, "student_params": 1.5e6, "size_ratio": 4.0, "teacher_ppl": 5.0}
+    text = markdown(release_report(ctx, student, gate, registry, None, [summary]))
+    assert ("| gptq-w8a16 | x86-cpu | TTFT p99 ≤ 3000 ms, memory ≤ 440 MB at 128 prompt tokens, concurrency 2 | 900 | "
+            f"55.4 (93.3) | 472 | 41%, 30% | **missed**: {miss} |") in text
+    assert "## Not built" in text and "- w2: x86-cpu: memory 9 MB > 1 MB" in text
+    assert f"- gptq-w8a16: slo x86-cpu: {miss}" in text
 
 
 def test_release_report_keeps_the_variant_fields_and_the_gate_as_written():
