@@ -35,7 +35,7 @@ IBAN are never re-read as a phone number):
   decided first, so "Steuer-ID 12345678901" is judged as a Steuer-ID even when another 11-digit check
   (CPF, PESEL, BE national number) happens to pass.
 
-  Fail closed: a validator that raises counts as a hit; a candidate whose check fails is still replaced when
+  Fail closed: a validator that raises counts as a hit, and a phone matcher that raises masks its whole digit window; a candidate whose check fails is still replaced when
   a word naming its kind stands near it (a mistyped ID is still somebody's), and so is an IBAN-shaped string
   that fails its check; a number of plausible length right after a word naming it a phone number or an ID,
   in the fleet's languages ("我的手机号是…", "my ID number is …"), is replaced whatever libphonenumber or a

@@ -132,8 +132,11 @@ class Scrubber:
         found: list[Finding] = []
         for rule in self._regions_for(window, groups):
             sub = (_masked(view, found) if found else view)[lo:hi]
-            for m in PhoneNumberMatcher(sub, rule.region, leniency=self.leniency):
-                s, e = lo + m.start, lo + m.end
+            try:
+                spans = [(lo + m.start, lo + m.end) for m in PhoneNumberMatcher(sub, rule.region, leniency=self.leniency)]
+            except Exception:  # noqa: BLE001 - fail closed, as the ID validators do (detectors._stdnum): a matcher that
+                return [Finding(ws, we, PHONE_KIND, "[PHONE]", rule.region)]  # raises masks the whole digit window
+            for s, e in spans:
                 if s < ws or e > we or any(s < f.end and f.start < e for f in found) or _digit_count(
                         view[s:e]) < PHONE_MIN_DIGITS:
                     continue

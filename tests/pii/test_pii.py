@@ -218,6 +218,21 @@ def test_a_validator_that_raises_counts_as_a_hit():
         assert value not in out and "[NATIONAL_ID]" in out and counts == {"cn_ric": 1}, (text, out, counts)
 
 
+def test_a_phone_matcher_that_raises_masks_the_whole_digit_window(monkeypatch):
+    """Fail closed like the ID validators: libphonenumber raising on some input must not pass the number through."""
+    from edgeflow.pii import scrubber
+
+    text = "Call me tomorrow on 030 901820 54 after lunch."
+    assert scrub(text) == ("Call me tomorrow on [PHONE] after lunch.", {"phone": 1})
+
+    def broken(*args, **kwargs):
+        raise IndexError("a matcher bug")
+
+    monkeypatch.setattr(scrubber, "PhoneNumberMatcher", broken)
+    out, counts = scrub(text)
+    assert "901820" not in out and "[PHONE]" in out and counts == {"phone": 1}, out
+
+
 @pytest.mark.parametrize("region, lang, template", MAKE.UNASSIGNED_PHONE_T)
 def test_a_number_named_as_a_phone_number_is_replaced_even_in_an_unassigned_range(region, lang, template):
     import phonenumbers
