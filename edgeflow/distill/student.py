@@ -96,7 +96,7 @@ def build_student(teacher, cfg: DistillConfig, student_from: Path | None = None,
     which distill.drop_block reads to choose its block."""
     if student_from is None:
         kept = kept_layers(cfg, teacher.config.num_hidden_layers, teacher, seqs)
-        return keep_layers(teacher, kept), kept
+        return _freeze(keep_layers(teacher, kept), cfg), kept
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if not (student_from / "config.json").exists():
@@ -110,7 +110,14 @@ def build_student(teacher, cfg: DistillConfig, student_from: Path | None = None,
         student = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(student_from), dtype=torch.float32,
                                                    **transformers_kwargs(student_from))
     student.requires_grad_(True)
-    return student, None
+    return _freeze(student, cfg), None
+
+
+def _freeze(student, cfg: DistillConfig):
+    """distill.freeze_embeddings: the input embedding (and a head tied to it, the same tensor) takes no gradient."""
+    if cfg.freeze_embeddings:
+        student.get_input_embeddings().weight.requires_grad_(False)
+    return student
 
 
 def resolve_layer_map(cfg: DistillConfig, n_teacher: int, n_student: int, kept: list[int] | None) -> dict[int, int]:

@@ -3,7 +3,8 @@ slo.targets[] entry (edgeflow/profile/slo.py) this host can stand for, against t
 
     python -m edgeflow.evaluation.service ENGINE_DIR BACKEND --prompt 128 --concurrency 2 [--decode-tok-s 50 ...]
 
-What is measured, on a session of its own (loaded for the measurement, so its footprint is its own):
+What is measured, on a session of its own for an engine in this process's memory (loaded for the measurement, so its
+footprint is its own) and on the gate's session for one on a device of its own (a second copy may not fit there):
 - TTFT p99: at least MIN_TTFT_REQUESTS prompts of exactly `prompt_tokens` tokens, `concurrency` of them arriving
   together (the estimate's definition, edgeflow/estimate/roofline.py), each timed from the round's start to its first
   token; the 99th percentile of all of them (nearest rank: with 20 requests, the slowest).
@@ -141,16 +142,21 @@ def p99(values: list[float]) -> float:
 
 
 def measure(backend, engine_dir: Path, target: SLOTarget, seqs: list[list[int]],
-            requests: int = MIN_TTFT_REQUESTS) -> dict[str, Any]:
+            requests: int = MIN_TTFT_REQUESTS, session: Any = None) -> dict[str, Any]:
     """The engine's figures at the target's workload (see the module doc): ttft_p99_ms, ttft_p50_ms, decode_tok_s
-    (p50 per stream at the target's concurrency), decode_tok_s_solo (p50, one stream), peak_memory_mb, requests."""
+    (p50 per stream at the target's concurrency), decode_tok_s_solo (p50, one stream), peak_memory_mb, requests.
+    `session`: an engine on a device of its own already loaded (the gate's), measured as it is instead of loading a
+    second copy the device may not hold; an engine in this process's memory is always loaded afresh, so that its
+    footprint is its own."""
     n = target.concurrency
     rounds = max(1, math.ceil(requests / n))
     prompts = prompts_of(seqs, target.prompt_tokens, rounds * n)
     new = min(DECODE_TOKENS, target.max_new_tokens)
     gc.collect()
     footprint = _Footprint()
-    session = backend.load(Path(engine_dir))
+    own = session is None or not runs_on_device(backend)
+    if own:
+        session = backend.load(Path(engine_dir))
     try:
         _round(backend, session, prompts[:1], 2)  # warm-up: no figure pays for the first call
         ttft = [s for r in range(rounds) for s, _ in _round(backend, session, prompts[r * n : (r + 1) * n], 1)]
@@ -159,8 +165,9 @@ def measure(backend, engine_dir: Path, target: SLOTarget, seqs: list[list[int]],
         on_device = backend.device_memory_used(session)
     finally:
         local = footprint.mb()
-        del session
-        gc.collect()
+        if own:
+            del session
+            gc.collect()
     rates = [r for r in shared if r is not None]
     solo_rates = [r for r in solo if r is not None]
     return {
@@ -193,15 +200,16 @@ def misses(measured: dict[str, Any], target: SLOTarget) -> list[str]:
     return out
 
 
-def check_targets(backend, engine_dir: Path, here: list[SLOTarget], seqs: list[list[int]]) -> list[dict[str, Any]]:
+def check_targets(backend, engine_dir: Path, here: list[SLOTarget], seqs: list[list[int]],
+                  session: Any = None) -> list[dict[str, Any]]:
     """Each target measured on the engine: {device, pool, objectives, measured, misses}; a prompt the engine refuses
-    (ValueError, e.g. longer than it takes) is a miss that names the engine's reason."""
+    (ValueError, e.g. longer than it takes) is a miss that names the engine's reason. `session`: see `measure`."""
     out = []
     for t in here:
         objectives = t.model_dump(include={"prompt_tokens", "concurrency", "max_new_tokens", "ttft_p99_ms",
                                            "decode_tok_s", "max_memory_mb"})
         try:
-            got = measure(backend, engine_dir, t, seqs)
+            got = measure(backend, engine_dir, t, seqs, session=session)
         except ValueError as e:
             out.append({"device": t.device, "pool": t.pool, "objectives": objectives, "measured": None,
                         "misses": [f"the engine cannot serve the workload: {e}"]})

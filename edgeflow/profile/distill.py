@@ -77,6 +77,15 @@ class DistillConfig(_Strict):
         description="Directory with the student's config.json (random init) or checkpoint, and the tokenizer it was made with; "
         "must share the teacher's tokenizer. Relative to the repo. Replaces layer dropping.",
     )
+    freeze_embeddings: bool = Field(
+        default=False,
+        description="Train the student with the teacher's input embedding frozen (and the output head with it when the two "
+        "are tied): only the decoder layers and norms learn, and the table needs no gradient or AdamW state. Off by default: "
+        "it saves memory, not quality. A 262,144-token vocabulary is most of a small model (Gemma 3 270M: 168 M of the 14-layer "
+        "student's 246 M parameters, 2.7 GB of the 3.9 GB of training state), yet freezing it did not make that student "
+        "answer better (60 steps in fp32: 1 of 5 demo answers fluent against 0 of 5, top-1 35.9 % against 36.0 %; "
+        "BENCHMARKS.md#student-gate).",
+    )
     # --- training
     steps: int = Field(default=60, ge=0, description="Optimizer steps.")
     batch_size: int = Field(default=4, ge=1, description="Sequences per optimizer step, over all training processes together.")

@@ -630,3 +630,18 @@ def test_held_out_comparison_from_kept_teacher_logits_equals_running_the_teacher
     need = sum(len(s) - 1 for s in seqs) * teacher.config.vocab_size * 4
     monkeypatch.setattr(run_mod, "KEEP_TEACHER_LOGITS_BYTES", need - 1)
     assert run_mod.teacher_logits(teacher, seqs) is None
+
+
+def test_freeze_embeddings_trains_the_layers_and_leaves_the_tied_table_as_the_teacher_s(tiny_llama):
+    """distill.freeze_embeddings: the tied embedding/head takes no gradient and no AdamW state (the memory budget
+    counts it out), while the decoder layers still learn."""
+    cfg = DistillConfig(keep_layers=[0, 1], steps=3, batch_size=2, lr=1e-2, freeze_embeddings=True)
+    teacher, student, layer_map = _tiny_pair(tiny_llama, cfg)
+    table = student.get_input_embeddings().weight
+    assert not table.requires_grad and student.lm_head.weight is table  # tied: one tensor, frozen once
+    layer = student.model.layers[0].mlp.up_proj.weight.detach().clone()
+    train(teacher, student, _seqs(), cfg, pad_id=0, layer_map=layer_map)
+    assert torch.equal(table, teacher.get_input_embeddings().weight)
+    assert not torch.equal(student.model.layers[0].mlp.up_proj.weight, layer)
+    trainable = sum(p.numel() for p in student.parameters() if p.requires_grad)
+    assert trainable == sum(p.numel() for p in student.parameters()) - table.numel()

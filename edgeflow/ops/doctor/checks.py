@@ -91,7 +91,7 @@ def versions(host: Host) -> dict[str, Any]:
 
 def device(host: Host) -> dict[str, Any]:
     """The CPU (model, ISA, cores, memory), the GPU when there is one, and the memory bandwidth of the device the role
-    computes on, measured: the best of 5 copies of a 256 MiB buffer (read + write bytes over the time)."""
+    computes on, measured (memory_bandwidth_gb_s)."""
     import psutil
 
     from edgeflow.engines.cpu_host import device_fingerprint
@@ -108,19 +108,13 @@ def device(host: Host) -> dict[str, Any]:
 
 
 def memory_bandwidth_gb_s(device: str, mib: int = 256, repeats: int = 5) -> float:
-    """Bytes read and written per second by a copy of `mib` MiB on `device` (cpu: numpy; cuda: torch), best of
-    `repeats`: the ceiling a batch-1 decode, which reads every weight once per token, is measured against."""
+    """The ceiling a batch-1 decode, which reads every weight once per token, is measured against: on the CPU, the
+    read stream the estimate uses (edgeflow/estimate/probe.py, on the engine's threads, over 1 GiB); on a GPU, bytes
+    read and written per second by a torch copy of `mib` MiB, best of `repeats`."""
     if device == "cpu":
-        import numpy as np
+        from edgeflow.estimate.probe import probe
 
-        a = np.ones(mib * 2**20 // 8)
-        b = np.empty_like(a)
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            np.copyto(b, a)
-            best = min(best, time.perf_counter() - t0)
-        return 2 * a.nbytes / best / 1e9
+        return probe().read_gb_s
     import torch
 
     a = torch.ones(mib * 2**20 // 4, device=device)
