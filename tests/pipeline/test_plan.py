@@ -149,3 +149,23 @@ def test_a_measured_target_is_put_against_the_roofline_of_the_same_workload(tmp_
     r = roofline_fractions(profile, student, "gptq-w4a16", measured)
     assert r["decode_fraction"] == 0.5 and r["prefill_fraction"] == 0.25 and r["bandwidth_gb_s"] == 68
     assert roofline_fractions(profile, student, "nope", measured) == {"not_estimated": "nope is not a variant of this profile"}
+
+
+def test_the_release_judges_its_variants_on_the_student_config_the_distill_stage_published(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from edgeflow.estimate.variants import CONFIG_META_KEY
+    from edgeflow.pipeline.chain import unservable_variants
+    from edgeflow.tracking.artifacts import ArtifactRef
+    from tests.helpers.model_configs import SMOLLM2_135M
+
+    slo = {"targets": [{"device": "orin-nano-8gb", "prompt_tokens": 512, "concurrency": 1, "decode_tok_s": 100_000}]}
+    profile = _slo_profile(tmp_path, slo)
+    ctx = SimpleNamespace(resolved=lambda: profile)
+    student = ArtifactRef(kind="student", uri="mlflow-artifacts:/1/r/artifacts/student", sha256="a" * 64,
+                          meta={CONFIG_META_KEY: SMOLLM2_135M})
+    refused = unservable_variants(ctx, student)
+    assert sorted(refused) == ["awq-w4a16", "gptq-w4a16"]
+    assert refused["gptq-w4a16"][0].startswith("orin-nano-8gb: decode ")
+    # a student published before its config rode along: nothing is refused, the gate still measures what is built
+    assert unservable_variants(ctx, student.model_copy(update={"meta": {}})) == {}
