@@ -155,7 +155,7 @@ def run_gate(reference: Reference, variants: list[dict], gate: GateConfig, backe
         quality_passed = not reasons
         slo = None
         if v["quantized"] and (here or elsewhere):  # the FP student is the yardstick, never served
-            slo = service.check_targets(backend, Path(v["engine_dir"]), here, reference.seqs, sessions[v["name"]]) + elsewhere
+            slo = service.check_targets(backend_name, Path(v["engine_dir"]), here, reference.seqs, sessions[v["name"]]) + elsewhere
             reasons += [f"slo {t['device']}: {miss}" for t in slo for miss in t.get("misses", [])]
         rows.append(
             {

@@ -3,17 +3,18 @@ slo.targets[] entry (edgeflow/profile/slo.py) this host can stand for, against t
 
     python -m edgeflow.evaluation.service ENGINE_DIR BACKEND --prompt 128 --concurrency 2 [--decode-tok-s 50 ...]
 
-What is measured, on a session of its own for an engine in this process's memory (loaded for the measurement, so its
-footprint is its own) and on the gate's session for one on a device of its own (a second copy may not fit there):
+What is measured, for an engine in this process's memory in a Python process of its own (as the edge server runs it:
+its footprint is then its own, and no other session's threads share the cores), and for one on a device of its own on
+the gate's session (a second copy may not fit there):
 - TTFT p99: at least MIN_TTFT_REQUESTS prompts of exactly `prompt_tokens` tokens, `concurrency` of them arriving
   together (the estimate's definition, edgeflow/estimate/roofline.py), each timed from the round's start to its first
   token; the 99th percentile of all of them (nearest rank: with 20 requests, the slowest).
 - Decode per stream, p50: DECODE_TOKENS new tokens after such a prompt, one stream alone (three runs) and `concurrency`
   streams together (two rounds); the median of the per-stream rates, each counted from the stream's first token.
 - Peak memory: what the engine holds at its most over its load and all of the above. A backend on a device of its own
-  reports it (device_memory_used); an engine in this process's memory is the rise of the process's peak resident set
+  reports it (device_memory_used); an engine in the process's memory is the rise of the process's peak resident set
   (Linux VmHWM, reset before the load through /proc/self/clear_refs, else VmRSS sampled every 5 ms) over its resident
-  set before the load.
+  set before the load (Python and the libraries already imported).
 
 Prompts are cut from the gate's held-out sequences laid end to end, at different offsets, so no prompt is a prefix of
 another. A target is measured where the engine runs on that target's kind of device and the consistency stage runs on
@@ -200,16 +201,46 @@ def misses(measured: dict[str, Any], target: SLOTarget) -> list[str]:
     return out
 
 
-def check_targets(backend, engine_dir: Path, here: list[SLOTarget], seqs: list[list[int]],
+def measure_alone(backend_name: str, engine_dir: Path, target: SLOTarget, seqs: list[list[int]],
+                  requests: int = MIN_TTFT_REQUESTS, timeout_s: float = 1800) -> dict[str, Any]:
+    """`measure` in a Python process of its own (this module's command line), as the edge server runs one engine:
+    the footprint is then the engine's, not what the gate's own allocations happen to leave free (the gate holds every
+    variant's engine at once: there a fresh int4 engine's peak rose 193 MB against 387 MB in a process of its own),
+    and no other session's threads share the cores. ValueError with the engine's reason when it refuses the workload."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="edgeflow-slo-") as tmp:
+        (Path(tmp) / "seqs.json").write_text(json.dumps(seqs))
+        args = [sys.executable, "-m", "edgeflow.evaluation.service", str(engine_dir), backend_name,
+                "--device", target.device, "--prompt", str(target.prompt_tokens), "--concurrency", str(target.concurrency),
+                "--new-tokens", str(target.max_new_tokens), "--requests", str(requests),
+                "--seqs", str(Path(tmp) / "seqs.json"), "--measure-only"]
+        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode == EXIT_REFUSED:
+        raise ValueError(done.stderr.strip().splitlines()[-1].removeprefix(f"{PROG}: "))
+    if done.returncode != 0:
+        raise RuntimeError(f"measuring {engine_dir} in a process of its own failed (exit {done.returncode}): "
+                           f"{done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout)["measured"]
+
+
+def check_targets(backend_name: str, engine_dir: Path, here: list[SLOTarget], seqs: list[list[int]],
                   session: Any = None) -> list[dict[str, Any]]:
     """Each target measured on the engine: {device, pool, objectives, measured, misses}; a prompt the engine refuses
-    (ValueError, e.g. longer than it takes) is a miss that names the engine's reason. `session`: see `measure`."""
+    (ValueError, e.g. longer than it takes) is a miss that names the engine's reason. An engine in this process's
+    memory is measured in a process of its own (measure_alone); one on a device of its own on `session`, the gate's."""
+    from edgeflow.engines import get_backend
+
+    backend = get_backend(backend_name)
     out = []
     for t in here:
         objectives = t.model_dump(include={"prompt_tokens", "concurrency", "max_new_tokens", "ttft_p99_ms",
                                            "decode_tok_s", "max_memory_mb"})
         try:
-            got = measure(backend, engine_dir, t, seqs, session=session)
+            got = (measure(backend, engine_dir, t, seqs, session=session) if runs_on_device(backend)
+                   else measure_alone(backend_name, engine_dir, t, seqs))
         except ValueError as e:
             out.append({"device": t.device, "pool": t.pool, "objectives": objectives, "measured": None,
                         "misses": [f"the engine cannot serve the workload: {e}"]})
@@ -218,26 +249,42 @@ def check_targets(backend, engine_dir: Path, here: list[SLOTarget], seqs: list[l
     return out
 
 
+PROG = "python -m edgeflow.evaluation.service"
+EXIT_REFUSED = 3  # the engine refused the workload (a ValueError): its message is the last line of stderr
+
+
 def main(argv: list[str] | None = None) -> None:
+    import sys
+
     from edgeflow.engines import get_backend
 
-    ap = argparse.ArgumentParser(description="Measure one engine against one service objective (see the module doc).")
+    ap = argparse.ArgumentParser(prog=PROG, description="Measure one engine against one service objective (see the module doc).")
     ap.add_argument("engine_dir", type=Path)
     ap.add_argument("backend")
     ap.add_argument("--device", default="x86-cpu")
     ap.add_argument("--prompt", type=int, required=True, help="prompt tokens")
     ap.add_argument("--concurrency", type=int, required=True)
+    ap.add_argument("--new-tokens", type=int, default=256, help="max_new_tokens of the target (decode runs min(64, this))")
     ap.add_argument("--ttft-p99-ms", type=float)
     ap.add_argument("--decode-tok-s", type=float)
     ap.add_argument("--max-memory-mb", type=float)
     ap.add_argument("--requests", type=int, default=MIN_TTFT_REQUESTS)
+    ap.add_argument("--seqs", type=Path, help="JSON list of token-id lists to cut the prompts from (default: ids 100, 101, "
+                    "...; speed does not depend on which)")
+    ap.add_argument("--measure-only", action="store_true", help="no objective needed: print the figures only")
     a = ap.parse_args(argv)
-    target = SLOTarget(device=a.device, prompt_tokens=a.prompt, concurrency=a.concurrency, ttft_p99_ms=a.ttft_p99_ms,
-                       decode_tok_s=a.decode_tok_s, max_memory_mb=a.max_memory_mb)
-    backend = get_backend(a.backend)
-    seqs = [list(range(100, 100 + 4 * a.prompt))]  # token ids every vocabulary has; speed does not depend on them
-    got = measure(backend, a.engine_dir, target, seqs, a.requests)
-    print(json.dumps({"measured": got, "misses": misses(got, target)}, indent=1))
+    objectives = (a.ttft_p99_ms, a.decode_tok_s, a.max_memory_mb)
+    if a.measure_only and not any(objectives):
+        objectives = (None, None, float("inf"))  # a target needs one objective; this one every engine meets
+    target = SLOTarget(device=a.device, prompt_tokens=a.prompt, concurrency=a.concurrency, max_new_tokens=a.new_tokens,
+                       ttft_p99_ms=objectives[0], decode_tok_s=objectives[1], max_memory_mb=objectives[2])
+    seqs = json.loads(a.seqs.read_text()) if a.seqs else [list(range(100, 100 + 4 * a.prompt))]
+    try:
+        got = measure(get_backend(a.backend), a.engine_dir, target, seqs, a.requests)
+    except ValueError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        sys.exit(EXIT_REFUSED)
+    print(json.dumps({"measured": got, "misses": [] if a.measure_only else misses(got, target)}, indent=1))
 
 
 if __name__ == "__main__":

@@ -35,14 +35,12 @@ def test_prompts_are_of_the_stated_length_and_none_is_another_ones_prefix() -> N
 
 
 def test_a_target_is_measured_on_the_engine_and_each_miss_names_the_figure_the_limit_and_the_margin(tiny_engine) -> None:
-    from edgeflow.engines import get_backend
     from edgeflow.evaluation.service import check_targets
 
-    backend = get_backend("cpu_native")
     strict = SLOTarget(device="x86-cpu", prompt_tokens=24, concurrency=2, max_new_tokens=16, ttft_p99_ms=0.001,
                        decode_tok_s=1e9, max_memory_mb=0.001)
     easy = strict.model_copy(update={"ttft_p99_ms": 60_000.0, "decode_tok_s": 0.01, "max_memory_mb": 20_000.0})
-    [missed, met] = check_targets(backend, tiny_engine, [strict, easy], _seqs())
+    [missed, met] = check_targets("cpu_native", tiny_engine, [strict, easy], _seqs())
     m = missed["measured"]
     assert m["requests"] == 20  # 10 rounds of 2 prompts arriving together
     assert 0 < m["ttft_p50_ms"] <= m["ttft_p99_ms"] and m["decode_tok_s"] > 0 and m["decode_tok_s_solo"] > 0
@@ -55,11 +53,10 @@ def test_a_target_is_measured_on_the_engine_and_each_miss_names_the_figure_the_l
 
 
 def test_a_prompt_longer_than_the_engine_takes_is_a_miss_with_the_engines_reason(tiny_engine) -> None:
-    from edgeflow.engines import get_backend
     from edgeflow.evaluation.service import check_targets
 
     # tiny_llama's max_position_embeddings is 256
-    [row] = check_targets(get_backend("cpu_native"), tiny_engine,
+    [row] = check_targets("cpu_native", tiny_engine,
                           [SLOTarget(device="x86-cpu", prompt_tokens=4096, concurrency=1, ttft_p99_ms=1000)], _seqs())
     assert row["measured"] is None
     [miss] = row["misses"]
