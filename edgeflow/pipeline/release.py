@@ -13,7 +13,7 @@ from typing import Literal
 
 from prefect import flow, task
 
-from edgeflow.pipeline.chain import open_release, quantize_and_gate, run_deploy_on_pool, summarize_attempt
+from edgeflow.pipeline.chain import SLOUnreachable, open_release, quantize_and_gate, run_deploy_on_pool, summarize_attempt
 from edgeflow.pipeline.deploy_edge import deploy_edge
 from edgeflow.pipeline.distill import distill
 from edgeflow.pipeline.register import lineage_of, register, stage_calls as register_calls
@@ -76,7 +76,11 @@ def release(profile: str = "configs/demo-cpu.yaml", deploy: Literal["pool", "inl
     verdict = check_student_gate(ctx, student)
     gate_report, calibration, attempts = None, None, []
     if verdict["passed"]:
-        gate_report, calibration, attempts = quantize_and_gate(ctx, student)
+        try:
+            gate_report, calibration, attempts = quantize_and_gate(ctx, student)
+        except SLOUnreachable as e:  # no variant could meet slo.targets on any engine: nothing was built
+            write_report(ctx, student, None, not_registered(ctx, str(e)), None, [], verdict)
+            raise SLOUnreachable(f"{e}. Nothing was built, registered or deployed (report: reports/{ctx.release_id}.md)") from None
         verdict = check_student_gate(ctx, student, gate_report)
     if not verdict["passed"]:
         # Refused: nothing registered, no alias moved, nothing deployed; the report says why. A Retry finds the

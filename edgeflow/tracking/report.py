@@ -73,7 +73,7 @@ def release_report(
         "staging": registry["staging"],
         "staging_version": registry["staging_version"],
         "registered": registry["registered"],
-        "why_no_staging": why and (why if refused else f"no variant met the bar after {len(attempts)} attempt(s); {why}"),
+        "why_no_staging": why and (why if refused or not attempts else f"no variant met the bar after {len(attempts)} attempt(s); {why}"),
         "student_gate": student_gate,
         "attempts": attempts,
         "smoke_answer": deployed["smoke_answer"] if deployed else None,
@@ -331,7 +331,8 @@ def markdown(report: dict) -> str:
     if report["variants"]:
         out += [table(report["variants"]), "", gate_paragraph(report), ""]
     else:
-        out += ["No variant was quantized: the student gate refused the student first.", ""]
+        out += ["No variant was quantized: " + ("the student gate refused the student first." if report.get("student_gate")
+                and not report["student_gate"]["passed"] else "no variant could meet the service objectives (below)."), ""]
     if slo := slo_section(report):
         out += [slo, ""]
     refused = next((a.get("refused_before_build") for a in report.get("attempts", []) if a.get("refused_before_build")), None)

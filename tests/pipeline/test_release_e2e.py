@@ -617,6 +617,28 @@ def test_a_student_far_from_its_teacher_is_refused_before_quantization_and_a_rer
             assert "distill" not in stages, stages
 
 
+def test_a_slo_no_engine_could_meet_refuses_every_variant_before_quantization(services, tmp_path):
+    """slo.targets that even the roofline misses (an Orin Nano's 68 GB/s cannot stream test-tiny's student at 100,000
+    tok/s): the release estimates each variant on the student's published config.json, builds none, and ends failed
+    naming each variant and the objective, with the report written and nothing registered or deployed."""
+    import yaml
+    from mlflow import MlflowClient
+
+    data = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
+    data["slo"] = {"targets": [{"device": "orin-nano-8gb", "prompt_tokens": 64, "concurrency": 1, "decode_tok_s": 100000}]}
+    path = tmp_path / "slo.yaml"
+    path.write_text(yaml.safe_dump(data))
+    c = MlflowClient(services["MLFLOW_TRACKING_URI"])
+    fr, report, stages = refused_release(c, path, data["registry"]["model_name"],
+                                         expect="no variant can meet the service objectives on its target, whatever the engine")
+    for variant in ("awq-w4a16", "gptq-w4a16"):
+        assert f"{variant}: orin-nano-8gb: decode " in fr.state.message and "< 100000 tok/s per stream" in fr.state.message
+    assert "set slo.build_anyway" in fr.state.message
+    assert not stages & {"calibrate", "quantize-awq-w4a16", "quantize-gptq-w4a16", "consistency", "register"}, stages
+    assert report["variants"] == [] and report["attempts"] == [] and report["student_gate"]["passed"]
+    assert report["why_no_staging"].startswith("no variant can meet the service objectives")
+
+
 def test_a_student_whose_own_answers_loop_stops_recalibration_and_its_variants_fail_on_their_answers(services, tmp_path):
     """The answers half: the FP student's engine answers every demo prompt in loops (test-tiny's student does), so the
     first gate attempt fails every variant on its answers, the release does not recalibrate, and refuses the student."""
