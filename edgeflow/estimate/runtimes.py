@@ -48,7 +48,11 @@ RUNTIMES: dict[str, RuntimeEfficiency] = {r.name: r for r in (
     RuntimeEfficiency(name="tinychat", bandwidth=0.69, compute=1.0, overhead_mb=0, fitted=True,
                       source=_FIT + "decode 0.69 from 4 figures on AGX Orin (AWQ INT4 and fp16; leave-one-out median "
                       "13 %); not an edgeflow backend: for comparison"),
-    ROOFLINE.model_copy(update={"name": "cpu_native", "source": "not fitted yet: the roofline"}),
+    RuntimeEfficiency(name="cpu_native", bandwidth=0.66, compute=0.63, overhead_mb=0, fitted=True, compute_fitted=True,
+                      source="benchmarks/estimate_cpu_native.py (BENCHMARKS.md#estimate-cpu-native): decode 0.66 and "
+                      "prefill 0.63 of the probed read stream and fp32 FMA peak, from 6 engines measured on a 2-core AMD "
+                      "EPYC (the demo student in fp32, int4 x3 and int8, the teacher in fp32; leave-one-out median 25 % "
+                      "and 28 %: int4 decodes at 71-85 % of the roofline, int8 at 36 %)"),
     ROOFLINE.model_copy(update={"name": "cpu", "source": "not fitted yet: the roofline"}),
 )}
 
