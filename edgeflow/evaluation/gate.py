@@ -6,7 +6,6 @@ No torch here: the FP student's side was computed by edgeflow/evaluation/referen
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from edgeflow.calibration.mix import allocate
@@ -14,6 +13,7 @@ from edgeflow.profile import GateConfig
 from edgeflow.profile.slo import SLOTarget
 from edgeflow.engines import generate_many, get_backend
 from edgeflow.evaluation import service
+from edgeflow.evaluation.service import measure_speed
 from edgeflow.evaluation.answers import answer_prompts, ok_share, summary
 from edgeflow.evaluation.metrics import Accumulator, greedy_exact_match, log_softmax
 from edgeflow.evaluation.reference import Reference
@@ -41,20 +41,6 @@ def greedy_prompts(seqs: list[list[int]], num: int) -> list[list[int]]:
     step = max(1, len(seqs) // max(num, 1))
     picked = seqs[::step][:num]
     return [s[: max(2, min(len(s) // 2, 64))] for s in picked]
-
-
-def measure_speed(backend, session, prompt_ids: list[int], n_tokens: int = 64, sampling=None) -> dict[str, float]:
-    """Decode tok/s and time to first token of one generation (no stop tokens): greedy, or with `sampling`."""
-    t0 = time.perf_counter()
-    first = None
-    count = 0
-    for _ in backend.generate(session, prompt_ids, n_tokens, [], sampling):
-        count += 1
-        if first is None:
-            first = time.perf_counter()
-    end = time.perf_counter()
-    decode = (count - 1) / (end - first) if count > 1 else 0.0
-    return {"decode_tok_s": decode, "ttft_ms": 1000 * ((first or end) - t0), "speed_tokens": count}
 
 
 def served_speed(backend, session, prompt_ids: list[int], engine_dir: Path) -> dict[str, float | str]:

@@ -116,24 +116,33 @@ def _status_kb(field: str) -> int:
     raise OSError(f"/proc/self/status has no {field}")
 
 
-def _timed(backend, session, prompt: list[int], new_tokens: int, t0: float) -> tuple[float, float | None]:
-    """(seconds from t0 to the first token, decode tok/s after it or None for a single token)."""
-    first, count = None, 0
-    for _ in backend.generate(session, prompt, new_tokens, [], None):
+def measure_speed(backend, session, prompt_ids: list[int], n_tokens: int = 64, sampling=None,
+                  t0: float | None = None) -> dict[str, float]:
+    """Decode tok/s and time to first token of one generation (no stop tokens): greedy, or with `sampling`. `t0`: when
+    the request counts as sent (perf_counter; default: now), e.g. the start of a round of requests sent together."""
+    t0 = time.perf_counter() if t0 is None else t0
+    first = None
+    count = 0
+    for _ in backend.generate(session, prompt_ids, n_tokens, [], sampling):
         count += 1
         if first is None:
             first = time.perf_counter()
     end = time.perf_counter()
-    if first is None:
-        raise ValueError(f"the engine generated no token after a {len(prompt)}-token prompt")
-    return first - t0, (count - 1) / (end - first) if count > 1 and end > first else None
+    decode = (count - 1) / (end - first) if count > 1 else 0.0
+    return {"decode_tok_s": decode, "ttft_ms": 1000 * ((first or end) - t0), "speed_tokens": count}
 
 
 def _round(backend, session, prompts: list[list[int]], new_tokens: int) -> list[tuple[float, float | None]]:
-    """The prompts sent together; each one's (TTFT s, decode tok/s)."""
+    """The prompts sent together; each one's (TTFT s, decode tok/s or None after a single token)."""
+    def one(prompt: list[int]) -> tuple[float, float | None]:
+        got = measure_speed(backend, session, prompt, new_tokens, t0=t0)
+        if not got["speed_tokens"]:
+            raise ValueError(f"the engine generated no token after a {len(prompt)}-token prompt")
+        return got["ttft_ms"] / 1000, got["decode_tok_s"] or None
+
     with ThreadPoolExecutor(max_workers=len(prompts), thread_name_prefix="slo") as pool:
         t0 = time.perf_counter()
-        return list(pool.map(lambda p: _timed(backend, session, p, new_tokens, t0), prompts))
+        return list(pool.map(one, prompts))
 
 
 def p99(values: list[float]) -> float:
