@@ -58,9 +58,13 @@ def variant_schemes(profile: Profile) -> dict[str, Scheme | str]:
 
 def slo_estimates(profile: Profile, teacher: Architecture) -> list[dict[str, Any]]:
     """Per SLO target: the device's limits and, per variant, the estimate and the objectives it cannot meet."""
+    return student_estimates(profile, student_architecture(teacher, profile))
+
+
+def student_estimates(profile: Profile, student: Architecture | str) -> list[dict[str, Any]]:
+    """slo_estimates for a student already described (`student`: its description, or why there is none)."""
     from edgeflow.estimate import limits_for
 
-    student = student_architecture(teacher, profile)
     runtime = RUNTIMES.get(profile.engine.backend, ROOFLINE)
     schemes = variant_schemes(profile) if not isinstance(student, str) else {}
     out = []
@@ -85,22 +89,16 @@ def slo_estimates(profile: Profile, teacher: Architecture) -> list[dict[str, Any
 
 def unservable(profile: Profile, student: Architecture) -> dict[str, list[str]]:
     """{variant: why no engine could serve it}, for the variants whose roofline (every efficiency 1, no runtime
-    overhead: the best any engine can do on the device) misses an objective of some slo target; what a release refuses
-    to quantize and build. Empty without targets or with slo.build_anyway."""
-    from edgeflow.estimate import limits_for
-
-    if profile.slo.build_anyway or not profile.slo.targets:
+    overhead: the best any engine can do on the device) misses an objective of some slo target (student_estimates'
+    `unservable`); what a release refuses to quantize and build. Empty without targets or with slo.build_anyway."""
+    if profile.slo.build_anyway:
         return {}
     out: dict[str, list[str]] = {}
-    for name, scheme in variant_schemes(profile).items():
-        if isinstance(scheme, str) or name in _FP_ROWS:  # not counted, or the FP student (the yardstick, always built)
-            continue
-        cost = token_cost(student, scheme)
-        for target in profile.slo.targets:
-            best = estimate(cost, limits_for(target.device), ROOFLINE, target.prompt_tokens, target.concurrency,
-                            target.max_new_tokens)
-            out.setdefault(name, []).extend(f"{target.device}: {m}" for m in best.misses(target))
-    return {k: v for k, v in out.items() if v}
+    for t in student_estimates(profile, student):
+        for r in t["variants"]:
+            if r.get("unservable"):
+                out.setdefault(r["variant"], []).extend(f"{t['target']['device']}: {m}" for m in r["unservable"])
+    return out
 
 
 def roofline_fractions(profile: Profile, student: Architecture, variant: str, measured_target: dict[str, Any]) -> dict[str, Any]:
