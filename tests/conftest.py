@@ -9,8 +9,9 @@ import pytest
 from edgeflow.ops.allocator import tune
 from edgeflow.engines.cpu_host import apply_torch_threads
 
-# The tracking fixtures (a real MLflow server for the session, releases recorded in it as the stages record them).
-pytest_plugins = ["tests.helpers.tracking"]
+# The tracking fixtures (a real MLflow server for the session, releases recorded in it as the stages record them),
+# and the rule that makes a skip for a missing tool a failure in CI (tests/helpers/require.py).
+pytest_plugins = ["tests.helpers.tracking", "tests.helpers.require"]
 
 tune()  # as in every stage process (edgeflow/pipeline/__init__.py): before torch loads, so its THP setting takes effect
 apply_torch_threads()  # `make test` sets EDGEFLOW_TORCH_THREADS to the cores per pytest worker (Makefile)

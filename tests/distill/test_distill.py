@@ -39,6 +39,7 @@ from edgeflow.distill import (
     train,
 )
 from tests.helpers.ports import free_port
+from tests.helpers.require import require_binary
 from tests.helpers.distill import write_sequences
 from tests.helpers.distill import RESUME_CFG, resume_run
 
@@ -448,8 +449,7 @@ def test_stall_watchdog_fails_the_run_naming_the_setting_and_the_fix(tiny_llama,
 @pytest.fixture
 def pushgateway(tmp_path):
     """A real Prometheus Pushgateway (Debian's prometheus-pushgateway) on a free loopback port."""
-    if not Path(PUSHGATEWAY).exists():
-        pytest.skip("prometheus-pushgateway not installed (apt-get install -y prometheus-pushgateway)")
+    require_binary(PUSHGATEWAY, "apt-get install -y prometheus-pushgateway; .ci/run installs it")
     port = free_port()
     log = (tmp_path / "pushgateway.log").open("w")
     proc = subprocess.Popen([PUSHGATEWAY, f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)

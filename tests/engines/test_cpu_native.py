@@ -28,10 +28,10 @@ from edgeflow.engines import EngineIncompatibleError, get_backend  # noqa: E402
 from edgeflow.engines import cpu_native  # noqa: E402
 from edgeflow.engines import cpu_host  # noqa: E402
 from edgeflow.distill.student import keep_layers  # noqa: E402
+from tests.helpers.require import require_cpu_native  # noqa: E402
 from tests.helpers.families import hf_greedy  # noqa: E402
 
-if not {"avx2", "fma", "f16c"} <= cpu_native._cpu_flags() or shutil.which("cc") is None:
-    pytest.skip("cpu_native needs an AVX2/FMA/F16C CPU and a C compiler", allow_module_level=True)
+require_cpu_native(module=True)
 
 VOCAB = 998
 NEW_TOKENS = 16

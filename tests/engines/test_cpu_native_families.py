@@ -8,7 +8,6 @@ drops its attention softcap. About 20 s on 2 CPU cores.
 """
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +17,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("llmcompressor")
 
 from edgeflow.engines import cpu_native  # noqa: E402
+from tests.helpers.require import require_cpu_native  # noqa: E402
 from tests.helpers.families import (  # noqa: E402
     FAMILY_MODELS, build_tiny, family_prompts, fp32_worst_logit_diff, hf_greedy, rtn_int4,
 )
 
-if not {"avx2", "fma", "f16c"} <= cpu_native._cpu_flags() or shutil.which("cc") is None:
-    pytest.skip("cpu_native needs an AVX2/FMA/F16C CPU and a C compiler", allow_module_level=True)
+require_cpu_native(module=True)
 
 NEW_TOKENS = 12
 LOGIT_BOUND = 1e-4  # max |engine - HF| over every position and vocabulary entry, fp32 weights

@@ -21,6 +21,7 @@ import pytest
 from edgeflow.engines import API, EngineIncompatibleError, get_backend, validate_profile
 from edgeflow.engines import edge_llm as el
 from edgeflow.engines.checkpoint import InexactWeights, layer, load_tensors, WeightScheme
+from tests.helpers.require import skip_for_hardware
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -420,7 +421,7 @@ def test_load_on_this_cpu_machine_refuses_with_the_compatibility_message(tmp_pat
                                                  "checkpoint_sha256": "ab" * 32, "files": list(el.ENGINE_FILES)}))
     device = el.device_fingerprint()
     if device["cuda_available"]:
-        pytest.skip("this machine has a CUDA GPU")
+        skip_for_hardware("this machine has a CUDA GPU")
     with pytest.raises(EngineIncompatibleError, match=r"engine built for sm87 .*this device has no CUDA GPU"):
         el.load(eng)
     (eng / "llm.engine").unlink()

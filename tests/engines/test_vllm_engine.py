@@ -29,6 +29,7 @@ from edgeflow.engines import engine_dir as edir
 from edgeflow.engines import vllm_engine as vl
 from edgeflow.engines.sampling import PARAMETERS, SamplingParams, Token
 from edgeflow.evaluation.metrics import log_softmax
+from tests.helpers.require import skip_for_hardware
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = 256
@@ -341,14 +342,14 @@ def test_load_on_this_cpu_machine_refuses_before_importing_vllm(checkpoints, tmp
     lines = out.stdout.strip().splitlines()
     fp = vl.device_fingerprint()
     if fp["cuda_available"] and fp["vllm"]:
-        pytest.skip("this machine has CUDA and vLLM")
+        skip_for_hardware("this machine has CUDA and vLLM")
     assert lines[0].startswith("EngineIncompatibleError engine needs a CUDA GPU of sm80 or newer with vLLM 0.34.0; "), lines
     assert lines[-1] == "False"
 
 
 def test_device_hooks_report_nothing_without_a_gpu():
     if vl.device_fingerprint()["cuda_available"]:
-        pytest.skip("this machine has a GPU")
+        skip_for_hardware("this machine has a GPU")
     assert vl.device_memory_used(object()) is None and vl.device_utilization(object()) is None
 
 

@@ -97,16 +97,10 @@ def resume_run(teacher_dir: Path, data: Path, ckpt: Path, log=None):
 
 
 def require_deepspeed() -> None:
-    """Skip where DeepSpeed is not installed; fail instead where EDGEFLOW_REQUIRE_DEEPSPEED is set (.ci/run sets it:
-    in CI the ZeRO-3 tests run, or the run is red)."""
+    """Skip where DeepSpeed is not installed; a failure in CI (tests/helpers/require.py)."""
     import importlib.util
-    import os
 
-    import pytest
+    from tests.helpers.require import lacking
 
-    if importlib.util.find_spec("deepspeed") is not None:
-        return
-    how = "DeepSpeed is not installed: `make test` installs it with the test extra (pip install -e '.[test]')"
-    if os.environ.get("EDGEFLOW_REQUIRE_DEEPSPEED"):
-        pytest.fail(f"{how}; EDGEFLOW_REQUIRE_DEEPSPEED is set, so this is a failure, not a skip")
-    pytest.skip(how)
+    if importlib.util.find_spec("deepspeed") is None:
+        lacking("DeepSpeed is not installed", "`make test` installs it with the test extra: pip install -e '.[test]'")

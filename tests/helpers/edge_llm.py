@@ -8,24 +8,21 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from edgeflow.engines.edge_llm.plan import EXPORTER_PYTHON_ENV
+from tests.helpers.require import lacking
 
 
 def require_exporter() -> str:
     """The interpreter with tensorrt-edgellm installed (`make test` sets EDGEFLOW_EDGELLM_PYTHON to the venv `make
-    edgellm-venv` keeps); skipped without one, a failure where EDGEFLOW_REQUIRE_EDGELLM is set (.ci/run)."""
+    edgellm-venv` keeps); skipped without one, a failure in CI (tests/helpers/require.py)."""
     python = os.environ.get(EXPORTER_PYTHON_ENV, "")
     ok = bool(python) and Path(python).exists() and subprocess.run(
         [python, "-c", "import tensorrt_edgellm.scripts.export"], capture_output=True).returncode == 0
     if ok:
         return python
-    how = (f"TensorRT Edge-LLM's exporter is not installed for {EXPORTER_PYTHON_ENV}={python or '(unset)'}: "
-           "`make edgellm-venv` makes its venv, and `make test` points the tests at it")
-    if os.environ.get("EDGEFLOW_REQUIRE_EDGELLM"):
-        pytest.fail(f"{how}; EDGEFLOW_REQUIRE_EDGELLM is set, so this is a failure, not a skip")
-    pytest.skip(how)
+    lacking(f"TensorRT Edge-LLM's exporter is not installed for {EXPORTER_PYTHON_ENV}={python or '(unset)'}",
+            "`make edgellm-venv` makes its venv, and `make test` points the tests at it")
 
 
 def onnx_tensors(model_onnx: Path) -> tuple[dict[str, np.ndarray], list]:

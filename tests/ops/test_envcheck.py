@@ -13,6 +13,7 @@ from edgeflow.engines import cpu_native
 from edgeflow.engines.cpu_host import cpu_flags
 from edgeflow.ops.envcheck import TARGET_ENV, decide
 from edgeflow.paths import REPO_ROOT
+from tests.helpers.require import HARDWARE
 
 AVX2_HOST = {"cpu_model": "AMD EPYC 7B13", "isa": ["avx", "avx2", "f16c", "fma", "sse4_2"], "cores": 2, "os": "linux", "arch": "x86_64"}
 NO_GPU = {"cuda_available": False, "sm": None, "device_name": None, "driver_version": None, "cuda_version": None,
@@ -159,7 +160,7 @@ def _cli(*args, env_target=None):
                           capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= cpu_flags(), reason="this machine lacks AVX2/FMA/F16C")
+@pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= cpu_flags(), reason=HARDWARE + "this machine lacks AVX2/FMA/F16C")
 def test_cli_cpu_target_passes_here_and_a100_refuses_naming_no_cuda():
     cpu = _cli("--json", env_target="cpu")  # the target from the environment, as the images set it
     assert cpu.returncode == 0, cpu.stdout + cpu.stderr
@@ -172,7 +173,7 @@ def test_cli_cpu_target_passes_here_and_a100_refuses_naming_no_cuda():
     assert "REFUSED" in a100.stdout and "no CUDA" in a100.stdout and "Fix:" in a100.stdout
 
 
-@pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= cpu_flags(), reason="this machine lacks AVX2/FMA/F16C")
+@pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= cpu_flags(), reason=HARDWARE + "this machine lacks AVX2/FMA/F16C")
 def test_cli_exec_runs_the_command_only_after_a_pass():
     ran = _cli("--target", "cpu", "--exec", "--", sys.executable, "-c", "print('worker started')")
     assert ran.returncode == 0 and ran.stdout.strip() == "worker started"  # the report went to stderr

@@ -13,6 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from edgeflow.ops import monitoring
+from tests.helpers.require import MONITORING_FIX, check_or_warn, lacking, require_browser
 from tests.helpers.e2e import clear_stale_servers, flow_runs_of, refused_release, run_deployment, stage_flow_runs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -236,7 +238,9 @@ def test_release_deployment_registers_stages_and_serves(services, tmp_path):
     # the Prometheus that `services.py up` started scrapes the deployed server and its deep probe passes; before the
     # deploy nothing answered on the stable port, and the shipped rules and routes paged about it (for: 1m), through
     # Alertmanager to the recorder, with the shipped timings
-    if services.get("EDGEFLOW_MONITORING_UP"):
+    if check_or_warn(bool(services.get("EDGEFLOW_MONITORING_UP")), "the scrape and TargetDown page: `services.py up` "
+                     f"started no Prometheus (missing: {', '.join(monitoring.missing_binaries()) or 'none; see its log'})",
+                     MONITORING_FIX):
         prom, seen = "http://127.0.0.1:9390", {}
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -839,8 +843,7 @@ def test_retry_in_the_prefect_ui_resumes_a_failed_release_without_recomputing(se
     from edgeflow.device.state import side_port
     from tests.helpers.browser import CHROMIUM, CHROMIUM_ARGS
 
-    if not CHROMIUM.exists() and not os.environ.get("EDGEFLOW_REQUIRE_BROWSER"):
-        pytest.skip(f"{CHROMIUM} not found (apt-get install chromium)")
+    require_browser()
     data = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
     data.setdefault("calibration", {})["ratios"] = {"chat": 4, "wiki": 4, "math": 2}  # only the mix changes
     path = tmp_path / "mix.yaml"
@@ -1150,8 +1153,8 @@ def test_a_full_device_disk_fails_the_fetch_naming_the_bytes_and_the_serving_ver
 
     disk = tmp_path / "disk"
     disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", limit, "tmpfs", str(disk)], capture_output=True).returncode:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    if (m := subprocess.run(["mount", "-t", "tmpfs", "-o", limit, "tmpfs", str(disk)], capture_output=True, text=True)).returncode:
+        lacking(f"mounting a tmpfs failed: {m.stderr.strip()}", "run the tests as root, as .ci/run does")
     try:
         base = load_profile(REPO / "configs" / "test-tiny.yaml")
         p = base.model_copy(update={"deploy": base.deploy.model_copy(update={"install_dir": str(disk)})})

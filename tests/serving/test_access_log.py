@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from edgeflow.serving.access_log import AccessLog, identity, mark_shipped, remove_shipped, segments, shipped_marker
+from tests.helpers.require import lacking
 
 
 def _rec(i: int, ts: str = "2026-11-29T09:41:49.966Z") -> dict:
@@ -121,8 +122,8 @@ def tiny_disk(tmp_path):
     """A 64 KiB tmpfs: a disk that fills after a few dozen records (root only, as the multi-host tests)."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True).returncode:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    if (m := subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True, text=True)).returncode:
+        lacking(f"mounting a tmpfs failed: {m.stderr.strip()}", "run the tests as root, as .ci/run does")
     try:
         yield disk
     finally:

@@ -2,23 +2,19 @@
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 from tests.helpers.live_server import LiveServer
 from tests.helpers.browser import CHROMIUM, CHROMIUM_ARGS
+from tests.helpers.require import require_browser
 
 MODEL = "tiny-edge"
 
 
 @pytest.fixture(scope="module")
 def browser():
-    if not CHROMIUM.exists():
-        if os.environ.get("EDGEFLOW_REQUIRE_BROWSER"):
-            pytest.fail(f"{CHROMIUM} not found and EDGEFLOW_REQUIRE_BROWSER is set: apt-get install chromium")
-        pytest.skip(f"{CHROMIUM} not found (apt-get install chromium)")
+    require_browser()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
