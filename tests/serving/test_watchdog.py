@@ -36,12 +36,14 @@ def _fires(wd: Watchdog, timeout: float) -> list[int]:
 
 
 def test_watchdog_fires_on_a_silent_call_and_not_on_a_progressing_one():
-    wd = Watchdog(stall_s=0.4, grace_s=0.0)
+    # 2 s against a token every 50 ms: a false fire needs the token thread held off the CPU for 2 s, which no
+    # loaded test box has done; the stalled case below keeps a short limit, since a late fire still fires
+    wd = Watchdog(stall_s=2.0, grace_s=0.0)
     call = wd.begin()
     stop = threading.Event()
 
-    def tokens():  # a call that keeps producing tokens for 1.2 s, three times the stall limit
-        t_end = time.monotonic() + 1.2
+    def tokens():  # a call that keeps producing tokens for 3 s, longer than the stall limit
+        t_end = time.monotonic() + 3.0
         while time.monotonic() < t_end:
             wd.progress(call)
             time.sleep(0.05)
