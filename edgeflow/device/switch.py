@@ -7,6 +7,7 @@ import time
 
 import httpx
 
+from edgeflow.device.failpoint import failpoint
 from edgeflow.device.proxy import control_url, ensure_proxy, point_proxy
 from edgeflow.device.state import read_state, run_dir, write_state
 from edgeflow.ops.processes import stop_group
@@ -48,6 +49,7 @@ def switch_to(profile: Profile, candidate: dict) -> dict:
             (run_dir(profile) / f"edge-server-{candidate['port']}.pid").unlink(missing_ok=True)
             raise
     point_proxy(profile, candidate["port"])
+    failpoint("switch:proxy-pointed")  # a power cut here: boot undoes the switch (edgeflow/device/boot.py)
     drained = True
     if old and old.get("port") != candidate["port"]:
         deadline = time.time() + profile.deploy.drain_timeout_s

@@ -235,19 +235,32 @@ def test_a_device_never_deployed_to_has_nothing_to_serve_and_exits_0(tmp_path, m
 
 
 def test_a_power_cut_between_the_switch_and_its_state_write_boots_the_recorded_version(device: Device) -> None:
-    """Version 2 is started and health-gated, the proxy is switched to it (proxy.json says so), and every process dies
-    before state.json is written. Boot serves version 1 again, the version state.json names (and the registry's
-    deployment record, written after the state), points the proxy back at it and records the undone switch."""
-    from edgeflow.device.proxy import point_proxy
+    """Version 2 is started and health-gated, and switch_to runs in a process of its own with the power cut injected
+    where the proxy points at version 2 (edgeflow/device/failpoint.py); then every other process dies. state.json
+    still names version 1: boot serves it again (the registry's deployment record is written after the state),
+    points the proxy back at it and records the undone switch. Written out of order (the state first), the same cut
+    would leave state.json naming version 2, and this test fails."""
+    import multiprocessing
+
+    from edgeflow.device.failpoint import ENV
     from edgeflow.device.spawn import start_candidate
+    from edgeflow.device.switch import switch_to
 
     before = device.state()["current"]
     engine = Path(before["engine"])
     candidate = start_candidate(device.profile, engine, "2", device.package, device.config)
     assert candidate["port"] != before["port"]
-    point_proxy(device.profile, candidate["port"])  # the switch ...
-    assert httpx.get(f"{device.stable}/health", timeout=60).json()["engine"]["engine_version"] == "2"
-    _kill_tree(device.run)  # ... and the power cut, before switch_to's write_state
+
+    def deploy_switch() -> None:  # the deploy's own switch, in a child: the power cut kills it at the fail point
+        os.environ[ENV] = "switch:proxy-pointed"
+        switch_to(device.profile, candidate)
+
+    child = multiprocessing.get_context("fork").Process(target=deploy_switch)
+    child.start()
+    child.join(120)
+    assert child.exitcode == -signal.SIGKILL, child.exitcode  # it reached the fail point
+    assert httpx.get(f"{device.stable}/health", timeout=60).json()["engine"]["engine_version"] == "2"  # switched ...
+    _kill_tree(device.run)  # ... and the rest of the power cut
     assert device.state()["current"] == before
 
     r = _boot(device.profile_path)
