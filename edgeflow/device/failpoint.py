@@ -5,9 +5,12 @@ SIGKILL there, as a power cut would: nothing after it runs (no `finally`, no ate
 everywhere outside the tests, a fail point costs one environment lookup. A test that injects the cut at the named
 place, rather than replaying the steps before it by hand, fails when the code around the point is reordered.
 
-Names:
-- `switch:proxy-pointed` (edgeflow/device/switch.py): the stable port points at the candidate; the old server still
-  runs and state.json still names the old version.
+Names, each a step boundary of edgeflow/device/switch.py's switch_to:
+- `switch:locked`: the update lock was taken; the proxy still points at the serving version;
+- `switch:proxy-pointed`: the stable port points at the candidate; the old server still runs and state.json still
+  names the old version;
+- `switch:old-stopped`: the old server was drained and stopped; state.json still names it;
+- `switch:state-written`: state.json names the candidate: the switch is complete.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import os
 import signal
 
 ENV = "EDGEFLOW_FAILPOINT"
-NAMES = frozenset({"switch:proxy-pointed"})
+NAMES = frozenset({"switch:locked", "switch:proxy-pointed", "switch:old-stopped", "switch:state-written"})
 
 
 def failpoint(name: str) -> None:

@@ -48,6 +48,7 @@ def switch_to(profile: Profile, candidate: dict) -> dict:
             stop_group(candidate["pid"])
             (run_dir(profile) / f"edge-server-{candidate['port']}.pid").unlink(missing_ok=True)
             raise
+    failpoint("switch:locked")
     point_proxy(profile, candidate["port"])
     failpoint("switch:proxy-pointed")  # a power cut here: boot undoes the switch (edgeflow/device/boot.py)
     drained = True
@@ -62,6 +63,8 @@ def switch_to(profile: Profile, candidate: dict) -> dict:
             drained = False
         stop_group(old["pid"])
         (run_dir(profile) / f"edge-server-{old['port']}.pid").unlink(missing_ok=True)
+    failpoint("switch:old-stopped")
     keep = {k: candidate[k] for k in ("version", "port", "pid", "engine", "package")}
     write_state(profile, {"current": keep, "previous": old and {k: old[k] for k in keep if k in old}})
+    failpoint("switch:state-written")
     return {"switched_from": old and old.get("version"), "drained": drained, "update_lock_waited_s": round(waited, 1)}

@@ -234,46 +234,63 @@ def test_a_device_never_deployed_to_has_nothing_to_serve_and_exits_0(tmp_path, m
     assert not (tmp_path / "work" / "run").exists()  # no proxy, no server was started
 
 
-def test_a_power_cut_between_the_switch_and_its_state_write_boots_the_recorded_version(device: Device) -> None:
+# Each step boundary of switch_to (edgeflow/device/failpoint.py), and what boot must serve after a power cut there:
+# the version state.json names, the proxy pointed at it, the switch it finds undone or not.
+CUTS = {
+    "switch:locked": ("1", False),  # the update lock taken; the proxy still on version 1
+    "switch:proxy-pointed": ("1", True),  # the proxy on version 2; the old server runs; state.json says 1
+    "switch:old-stopped": ("1", True),  # ... and the old server drained and stopped; state.json still says 1
+    "switch:state-written": ("2", False),  # state.json says 2: the switch is complete
+}
+
+
+@pytest.mark.parametrize("point", list(CUTS))
+def test_a_power_cut_between_the_switch_and_its_state_write_boots_the_recorded_version(device: Device, point: str) -> None:
     """Version 2 is started and health-gated, and switch_to runs in a process of its own with the power cut injected
-    where the proxy points at version 2 (edgeflow/device/failpoint.py); then every other process dies. state.json
-    still names version 1: boot serves it again (the registry's deployment record is written after the state),
-    points the proxy back at it and records the undone switch. Written out of order (the state first), the same cut
-    would leave state.json naming version 2, and this test fails."""
+    at one step boundary (edgeflow/device/failpoint.py); then every other process dies. Boot serves the version
+    state.json names (the registry's deployment record is written after the state), on its port, with the proxy
+    pointed at it and nothing left of the other server; a switch the proxy made and state.json did not record is
+    undone and said so. Steps reordered (the state written before the switch) fail the proxy-pointed case."""
     import multiprocessing
 
     from edgeflow.device.failpoint import ENV
     from edgeflow.device.spawn import start_candidate
     from edgeflow.device.switch import switch_to
 
+    expect_version, expect_undone = CUTS[point]
     before = device.state()["current"]
     engine = Path(before["engine"])
     candidate = start_candidate(device.profile, engine, "2", device.package, device.config)
     assert candidate["port"] != before["port"]
 
     def deploy_switch() -> None:  # the deploy's own switch, in a child: the power cut kills it at the fail point
-        os.environ[ENV] = "switch:proxy-pointed"
+        os.environ[ENV] = point
         switch_to(device.profile, candidate)
 
     child = multiprocessing.get_context("fork").Process(target=deploy_switch)
     child.start()
     child.join(120)
     assert child.exitcode == -signal.SIGKILL, child.exitcode  # it reached the fail point
-    assert httpx.get(f"{device.stable}/health", timeout=60).json()["engine"]["engine_version"] == "2"  # switched ...
     _kill_tree(device.run)  # ... and the rest of the power cut
-    assert device.state()["current"] == before
+    served_port = before["port"] if expect_version == VERSION else candidate["port"]
+    other_port = candidate["port"] if expect_version == VERSION else before["port"]
+    assert device.state()["current"]["version"] == expect_version
 
     r = _boot(device.profile_path)
 
     assert r.returncode == 0, r.stderr + r.stdout
-    assert f"an interrupted switch: the proxy last pointed at port {candidate['port']}" in r.stdout
-    assert f"started version {VERSION} on port {before['port']}" in r.stdout and "was undone" in r.stdout
+    assert f"started version {expect_version} on port {served_port}" in r.stdout, r.stdout
+    if expect_undone:
+        assert f"an interrupted switch: the proxy last pointed at port {candidate['port']}" in r.stdout
+        assert "was undone" in r.stdout
+    else:
+        assert "interrupted switch" not in r.stdout, r.stdout
     state = device.state()
-    assert state["current"]["version"] == VERSION and state["current"]["port"] == before["port"]
-    assert state["last_boot"]["interrupted_switch_port"] == candidate["port"]
-    assert httpx.get(f"{device.stable}/_edgeflow/proxy", timeout=5).json()["upstream"] == before["port"]
+    assert state["current"]["version"] == expect_version and state["current"]["port"] == served_port
+    assert state["last_boot"]["interrupted_switch_port"] == (candidate["port"] if expect_undone else None)
+    assert httpx.get(f"{device.stable}/_edgeflow/proxy", timeout=5).json()["upstream"] == served_port
     chat = httpx.post(f"{device.stable}/v1/chat/completions", timeout=120, json={
         "model": device.profile.registry.model_name, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4})
-    assert chat.status_code == 200 and chat.json()["system_fingerprint"] == VERSION
-    with pytest.raises(httpx.TransportError):  # nothing left of the half-switched candidate
-        httpx.get(f"http://127.0.0.1:{candidate['port']}/health", timeout=5)
+    assert chat.status_code == 200 and chat.json()["system_fingerprint"] == expect_version
+    with pytest.raises(httpx.TransportError):  # nothing left of the other, half-switched server
+        httpx.get(f"http://127.0.0.1:{other_port}/health", timeout=5)
