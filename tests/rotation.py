@@ -22,6 +22,7 @@ ROTATION: dict[int, tuple[str, ...]] = {
     0: (
         "tests/pipeline/test_release_e2e.py::test_retry_in_the_prefect_ui_resumes_a_failed_release_without_recomputing",
         "tests/pipeline/test_release_e2e.py::test_promotion_is_checked_and_rollback_serves_the_previous_version",
+        "tests/pipeline/test_multihost.py::test_a_rollout_killed_in_its_second_wave_resumes_there_on_retry_and_the_canary_is_not_redeployed",
     ),
     1: (
         "tests/pipeline/test_release_e2e.py::test_gate_nobody_can_pass_keeps_aliases_recalibrates_and_reports",

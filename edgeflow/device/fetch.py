@@ -41,14 +41,29 @@ def fetch_version(profile: Profile, alias: str, version: str | None = None) -> t
     require_space(tmp.parent, needed, f"version {mv.version} of {name}")
     try:
         _, local = download(name, alias, tmp, version=mv.version)
-    except OSError as e:
+    except Exception as e:
+        # MLflow's download reports a disk that filled mid-way (another writer took the room require_space saw, or
+        # the inodes ran out) as "Failed to download artifacts", its OSError swallowed: the disk itself tells
+        full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) or _cannot_hold(tmp, needed)
         shutil.rmtree(tmp, ignore_errors=True)  # no partial package stays behind
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        if full:
             raise DiskFull(tmp.parent, needed, f"version {mv.version} of {name}") from e
         raise
     local.rename(dest) if local != tmp else tmp.rename(dest)
     verify_manifest(dest, expected)
     return mv.version, dest
+
+
+def _cannot_hold(partial: Path, needed: int) -> bool:
+    """After a failed download into `partial`: the disk under it has no inode left, or less room than the rest of
+    the package (`needed` bytes in all, less what `partial` already holds)."""
+    import os
+
+    if not partial.parent.exists():
+        return False
+    written = sum(f.stat().st_size for f in partial.rglob("*") if f.is_file()) if partial.exists() else 0
+    st = os.statvfs(partial.parent)
+    return st.f_favail == 0 or st.f_bavail * st.f_frsize < needed - written
 
 
 class DiskFull(OSError):

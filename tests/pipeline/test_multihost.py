@@ -384,6 +384,9 @@ def test_a_stage_killed_mid_build_resumes_on_retry_without_rerunning_upstream_st
     release_id = c.get_run(building.info.run_id).data.tags["edgeflow.release_id"]
     [crashed] = [r for r in stage_flow_runs(release_id)["build_engine"]]
     assert crashed.state.is_crashed(), crashed.state
+    # the message the fault table quotes: the release failed naming the stage, its pool and how its run ended
+    msg = run.state.message
+    assert f"stage build_engine (deployment build-engine/build-engine, pool orin): flow run {crashed.id} ended CRASHED" in msg, msg
     before = {r.info.run_id: r.data.tags["edgeflow.stage"] for r in _stage_runs(c, release_id)}
     assert not any(s.startswith(("distill", "calibrate", "quantize")) for s in before.values())  # cached from the first test
 
@@ -562,26 +565,89 @@ def test_devices_register_with_their_facts_and_a_targeted_deploy_runs_on_the_nam
 
 
 def _rollout_waves(flow_run_id) -> list[str]:
+    return sorted(r.name for r in _child_flow_runs(flow_run_id) if r.name.startswith("wave "))
+
+
+def _read_flow_run(flow_run_id):
+    from prefect.client.orchestration import get_client
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_flow_run(flow_run_id)
+
+    return asyncio.run(read())
+
+
+def _flow_run_states(flow_run_id) -> list:
+    """Every state the flow run went through, oldest first."""
+    from prefect.client.orchestration import get_client
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_flow_run_states(flow_run_id)
+
+    return asyncio.run(read())
+
+
+def _wait_final(flow_run_id, timeout: float, runs: int = 1):
+    """The flow run once it is final (and has run `runs` times: a Retry's), or as it is after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    run = _read_flow_run(flow_run_id)
+    while time.monotonic() < deadline and not (run.state.is_final() and run.run_count >= runs):
+        time.sleep(1)
+        run = _read_flow_run(flow_run_id)
+    return run
+
+
+def _wait_for_rollout_state(flow_run_id, ready, timeout: float = 600):
+    """The rollout state the run persisted (MLflow `edgeflow-rollouts`), once `ready(state)` holds."""
+    from edgeflow.fleet.rollout import find_state
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = find_state(str(flow_run_id))
+        if state is not None and ready(state):
+            return state
+        time.sleep(0.5)
+    raise AssertionError(f"rollout {flow_run_id}: no persisted state that is ready after {timeout:.0f} s "
+                         f"(last: {find_state(str(flow_run_id))}; run: {_read_flow_run(flow_run_id).state})")
+
+
+def _child_flow_runs(flow_run_id) -> list:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 
     async def read():
         async with get_client() as client:
-            parent_tasks = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            return await client.read_flow_runs(flow_run_filter=FlowRunFilter(
                 parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
-            return parent_tasks
 
-    return sorted(r.name for r in asyncio.run(read()) if r.name.startswith("wave "))
+    return asyncio.run(read())
 
 
 def test_a_good_candidate_goes_canary_first_then_the_rest_and_production_moves(fleet):
+    """…and a second rollout of the fleet, started while the first is at work, is refused naming the first."""
     from mlflow import MlflowClient
+
+    from edgeflow.fleet.rollout import find_state
+    from edgeflow.tracking.registry import alias_version
 
     c = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     serving = c.get_model_version_by_alias("edgeflow-multihost", "staging").version  # on both devices, not yet production
     candidate = next(v.version for v in c.search_model_versions("name = 'edgeflow-multihost'") if v.version != serving)
+    production_before = alias_version(c, "edgeflow-multihost", "production")  # None: no rollout has moved it yet
     with Load({d: f"http://127.0.0.1:{p}" for d, p in PORTS.items()}, "edgeflow-multihost") as load:
-        fr = run_deployment("rollout/rollout", parameters={"profile": PROFILE, "version": candidate}, timeout=1800)
+        fr = run_deployment("rollout/rollout", parameters={"profile": PROFILE, "version": candidate}, timeout=0)
+        _wait_for_rollout_state(fr.id, lambda s: True)  # planned: this rollout holds the fleet now
+        # a second rollout of the same fleet, started as a user would (a deployment run on the cpu pool) while the
+        # first is at work: refused at its first step, naming the first, before it plans or touches a device
+        second = run_deployment("rollout/rollout", parameters={"profile": PROFILE, "version": candidate}, timeout=600)
+        assert second.state.is_failed(), second.state
+        assert f"rollout refused: flow run {fr.name!r} ({fr.id}) of rollout is already at work on orin" in second.state.message, second.state.message
+        assert f"prefect flow-run cancel {fr.id}" in second.state.message
+        assert _child_flow_runs(second.id) == [] and find_state(str(second.id)) is None  # no wave, no deploy, no state
+        assert alias_version(c, "edgeflow-multihost", "production") == production_before
+        fr = _wait_final(fr.id, 1800)
     assert fr.state.is_completed(), fr.state.message
     state = fr.state.result()
     assert [w["devices"] for w in state["waves"]] == [["orin-a"], ["orin-b"]]  # the canary, then the rest
@@ -602,6 +668,55 @@ def test_a_good_candidate_goes_canary_first_then_the_rest_and_production_moves(f
     rollouts = c.search_runs([c.get_experiment_by_name("edgeflow-rollouts").experiment_id],
                              f"tags.`edgeflow.prefect_flow_run_id` = '{fr.id}'")
     assert rollouts[0].data.tags["edgeflow.rollout_status"] == "completed" and rollouts[0].info.status == "FINISHED"
+
+
+@pytest.mark.extended  # `make test-all` only: docs/development/tests.md
+def test_a_rollout_killed_in_its_second_wave_resumes_there_on_retry_and_the_canary_is_not_redeployed(fleet):
+    """kill -9 of the rollout's process (the cpu host's worker and every flow run it started) once wave 0 passed and
+    wave 1 began. The zombie automation marks the rollout Crashed; Retry, as the Prefect UI sends it, resumes at wave 1
+    from the state the rollout persisted: orin-a (wave 0) is not deployed again, both devices end on the version,
+    `production` moves, and the registry's rollout record says what the devices serve."""
+    from mlflow import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.states import AwaitingRetry
+
+    from edgeflow.fleet.rollout import find_state
+    from edgeflow.pipeline.inventory_store import read_inventory
+    from tests.helpers.e2e import flow_runs_of
+
+    c = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    name = "edgeflow-multihost"
+    production = c.get_model_version_by_alias(name, "production").version
+    target = next(v.version for v in c.search_model_versions(f"name = '{name}'") if v.version != production)
+    deploys_before = {r.id for r in flow_runs_of("deploy-edge")}
+    fr = run_deployment("rollout/rollout", parameters={"profile": PROFILE, "version": target}, timeout=0)
+    _wait_for_rollout_state(fr.id, lambda s: s.waves[0].status == "passed" and s.waves[1].status == "deploying", 900)
+    fleet["cpu"].kill()  # kill -9: the rollout's process dies in wave 1
+    crashed = _wait_final(fr.id, 600)  # the zombie automation: ~90 s without heartbeats
+    assert crashed.state.is_crashed(), crashed.state
+    assert find_state(str(fr.id)).waves[1].status == "deploying"  # what the Retry resumes from
+
+    fleet["cpu"].start_worker()
+
+    async def retry():  # what the UI's Retry button sends
+        async with get_client() as client:
+            await client.set_flow_run_state(fr.id, AwaitingRetry(message="Retry from the UI"), force=True)
+
+    asyncio.run(retry())
+    done = _wait_final(fr.id, 1500, runs=2)
+    assert done.state.is_completed(), f"the retried rollout ended {done.state.type}: {done.state.message}"
+    state = done.state.result()
+    assert [w["status"] for w in state["waves"]] == ["passed", "passed"] and state["status"] == "completed", state
+    # wave 0's device was deployed once, by the run before the kill; the Retry deployed only wave 1's
+    new = [r for r in flow_runs_of("deploy-edge") if r.id not in deploys_before and r.parameters.get("version") == target]
+    by_device = {q: [r for r in new if r.work_queue_name == q] for q in ("device-orin-a", "device-orin-b")}
+    assert len(by_device["device-orin-a"]) == 1, [(r.name, r.state_type) for r in new]
+    assert by_device["device-orin-b"], [(r.name, r.state_type) for r in new]
+    assert c.get_model_version_by_alias(name, "production").version == target
+    assert {d: _fingerprint(p, name) for d, p in PORTS.items()} == {"orin-a": target, "orin-b": target}
+    record = find_state(str(fr.id))  # the registry's record of the rollout matches the devices
+    assert record.status == "completed" and record.version == target
+    assert {r.id: r.serving.version for r in read_inventory("orin")} == {"orin-a": target, "orin-b": target}
 
 
 @pytest.mark.extended  # `make test-all` only: docs/development/tests.md
@@ -704,12 +819,14 @@ def test_a_device_cut_off_during_a_wave_keeps_serving_fails_the_rollout_closed_a
     servers; its edge server runs on). Its probe is never picked up: the wave breaches, orin-a is rolled back, the
     rollback of orin-b cannot reach it (its queued run is cancelled), and `production` does not move. orin-b keeps
     answering all along. When its worker is back, its own reconcile deployment brings it to `production`, and none of
-    the cancelled runs runs late."""
+    the cancelled runs ever runs: the worker took the reconcile run from the same queue, and they stay cancelled."""
     import threading
 
     import httpx
     import yaml
     from mlflow import MlflowClient
+
+    from tests.helpers.e2e import flow_runs_of
 
     c = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     name = "edgeflow-multihost"
@@ -767,7 +884,15 @@ def test_a_device_cut_off_during_a_wave_keeps_serving_fails_the_rollout_closed_a
     assert fr.state.is_completed(), fr.state.message
     assert fr.state.result()["action"] == "deploy" and fr.work_queue_name == "device-orin-b"
     assert _fingerprint(PORTS["orin-b"], name) == production
-    time.sleep(5)  # a cancelled run that ran late would show up as another deployment record by now
+    # the runs the rollout cancelled for orin-b (never picked up): still cancelled now that its worker has polled its
+    # queue again and taken the later reconcile run from it
+    cancelled = [r for r in flow_runs_of("deploy-edge") + flow_runs_of("probe-edge")
+                 if r.work_queue_name == "device-orin-b" and r.state and r.state.is_cancelled()
+                 and "not picked up within rollout.pickup_timeout_s" in (r.state.message or "")]
+    assert cancelled, "the rollout cancelled no run of orin-b's"
+    for r in cancelled:
+        history = [st.type.value for st in _flow_run_states(r.id)]
+        assert _read_flow_run(r.id).state.is_cancelled() and "RUNNING" not in history, (r.name, history)
     records = _deployments(c, "orin-b")
     new = records[: len(records) - b_records]  # newest first; the wave's own deploy died with the worker, unrecorded
     assert new and new[0].data.tags["edgeflow.version"] == production and new[0].info.status == "FINISHED", new

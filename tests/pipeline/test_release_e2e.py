@@ -1143,31 +1143,75 @@ def test_a_second_release_or_rollout_of_the_same_model_or_fleet_is_refused_namin
     refuse_if_running("release", ["release", "nightly-recalibration"], model, model_of, second)
 
 
-@pytest.mark.parametrize("limit", ["size=96k", "size=64m,nr_inodes=6"], ids=["too-small", "fills-mid-fetch"])
-def test_a_full_device_disk_fails_the_fetch_naming_the_bytes_and_the_serving_version_stays(services, tmp_path, limit):
-    """deploy-edge's fetch on a disk that cannot hold the package: refused before downloading (too small), or cut
-    off mid-download (the disk runs out of inodes after a few files): DiskFull names the path and the bytes needed,
-    no partial file stays, and the version the device serves keeps answering."""
-    from edgeflow.preflight import load_profile
-    from edgeflow.device.fetch import DiskFull, fetch_version
+@pytest.mark.parametrize("case", ["too-small", "out-of-inodes", "filled-after-the-check"])
+def test_a_full_device_disk_fails_the_fetch_naming_the_bytes_and_the_serving_version_stays(services, tmp_path, monkeypatch, case):
+    """deploy-edge's fetch on a disk that cannot hold the package:
+    - too small: refused before a byte is downloaded (require_space);
+    - out of inodes: room for the bytes, not for the files: the download stops part way;
+    - filled after the check: another writer takes the room once require_space has passed, leaving half the package.
+    DiskFull names the path and the bytes needed and free; the partial download is removed; the device still serves
+    the version it served before (its version string, from the stable port)."""
+    import shutil as sh
 
+    from edgeflow.preflight import load_profile
+    from edgeflow.device import fetch
+    from edgeflow.tracking import registry
+
+    base = load_profile(REPO / "configs" / "test-tiny.yaml")
+    served = _served_version(base)
+    mv = registry.client().get_model_version_by_alias(base.registry.model_name, "staging")
+    needed = fetch.package_bytes(base.registry.model_name, mv.version)
+    room = int(needed * fetch.SPACE_MARGIN) + 2**20  # passes require_space
+    limit = {"too-small": "size=96k", "out-of-inodes": f"size={room // 1024}k,nr_inodes=6",
+             "filled-after-the-check": f"size={room // 1024}k"}[case]
     disk = tmp_path / "disk"
     disk.mkdir()
     if (m := subprocess.run(["mount", "-t", "tmpfs", "-o", limit, "tmpfs", str(disk)], capture_output=True, text=True)).returncode:
         lacking(f"mounting a tmpfs failed: {m.stderr.strip()}", "run the tests as root, as .ci/run does")
+    removed: list[int] = []  # bytes under each non-empty directory the fetch removed
+    real_rmtree, real_download = sh.rmtree, registry.download
+
+    def counting_rmtree(path, *a, **kw):
+        mine = Path(path).exists() and Path(path).resolve().is_relative_to(disk.resolve())
+        files = [f for f in Path(path).rglob("*") if f.is_file()] if mine else []
+        if files:
+            removed.append(sum(f.stat().st_size for f in files))
+        return real_rmtree(path, *a, **kw)
+
+    def download_after_another_writer(name, alias, dest, version=None):
+        free = sh.disk_usage(disk).free
+        with open(disk / "other-writer.bin", "wb") as f:  # leaves half the package's room
+            f.write(b"\0" * max(free - needed // 2, 0))
+        return real_download(name, alias, dest, version=version)
+
+    monkeypatch.setattr(sh, "rmtree", counting_rmtree)
+    if case == "filled-after-the-check":
+        monkeypatch.setattr(registry, "download", download_after_another_writer)
     try:
-        base = load_profile(REPO / "configs" / "test-tiny.yaml")
         p = base.model_copy(update={"deploy": base.deploy.model_copy(update={"install_dir": str(disk)})})
-        with pytest.raises(DiskFull) as e:
-            fetch_version(p, "staging")
+        with pytest.raises(fetch.DiskFull) as e:
+            fetch.fetch_version(p, "staging")
         msg = str(e.value)
-        assert str(disk / "versions") in msg and "needs" in msg and "bytes" in msg and "deploy.install_dir" in msg, msg
+        assert f"{disk / 'versions'}: version {mv.version} of {base.registry.model_name} needs " in msg, msg
+        assert "bytes" in msg and "free" in msg and "deploy.install_dir" in msg, msg
+        if case == "too-small":  # refused up front: nothing downloaded, nothing to remove
+            assert e.value.__cause__ is None and removed == [], (e.value.__cause__, removed)
+        else:  # stopped part way (MLflow's download failed: it reports ENOSPC as "Failed to download artifacts"):
+            # bytes were written, then removed
+            assert e.value.__cause__ is not None, "DiskFull without the download's own failure"
+            assert removed and 0 < removed[-1] < needed, (removed, needed)
         assert not [f for f in (disk / "versions").rglob("*") if f.is_file()]  # nothing partial left
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
-    r = httpx.post(f"http://127.0.0.1:{base.deploy.port}/v1/chat/completions", timeout=60, json={
-        "model": base.registry.model_name, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4})
+    assert _served_version(base) == served  # the device still serves what it served
+
+
+def _served_version(profile) -> str:
+    """The version the stable port serves, as its answer says (system_fingerprint: the registered version)."""
+    r = httpx.post(f"http://127.0.0.1:{profile.deploy.port}/v1/chat/completions", timeout=60, json={
+        "model": profile.registry.model_name, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4})
     assert r.status_code == 200, r.text
+    return r.json()["system_fingerprint"]
 
 
 def test_the_tracking_and_prefect_servers_killed_mid_release_lose_nothing(services, tmp_path):
