@@ -13,7 +13,7 @@ the body the client sent, so its effect is the client's retry, minus the wait. A
 the client as before, and its own back-off takes over. A Postgres database (PREFECT_API_DATABASE_CONNECTION_URL)
 needs none of this; the layer is harmless there (it sees no 503).
 
-Every retried request is one line in the server's log (`busy: POST /api/... answered after N retries in T s`):
+Every retried request is two lines in the server's log (`busy: POST /api/... refused, retrying for up to B s`, then `busy: POST /api/... answered after N retries in T s`):
 `benchmarks/release_stages.py` counts them.
 """
 from __future__ import annotations
@@ -66,6 +66,8 @@ class BusyRetry:
                              retries, time.monotonic() - start)
                 return
             retries += 1
+            if retries == 1:
+                log.info("busy: %s %s refused, retrying for up to %.1f s", scope["method"], scope["path"], self.budget_s)
             await asyncio.sleep(delay)
             delay *= 2
 

@@ -376,7 +376,7 @@ def test_secrets_are_matched_before_phone_numbers():
 
 
 def test_text_without_a_phone_length_digit_run_never_reaches_the_phone_matcher(monkeypatch):
-    """What keeps a typical request cheap (its time per request is in BENCHMARKS.md#pii, not here): words and short
+    """What keeps a typical request cheap (its time per request is in BENCHMARKS.md#pii-scrubbing, not here): words and short
     numbers ("2024", "$30") never reach libphonenumber's matcher, the costliest detector; a phone number in the same
     text does."""
     from edgeflow.pii import scrubber

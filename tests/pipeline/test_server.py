@@ -54,8 +54,9 @@ def prefect_server(tmp_path_factory):
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _hold_write_lock(db: Path, seconds: float) -> threading.Thread:
-    """Another writer: SQLite's write lock held for `seconds`, then a committed write. Returns once the lock is held."""
+def _hold_write_lock(db: Path, seconds: float = 0.0, release: threading.Event | None = None) -> threading.Thread:
+    """Another writer: SQLite's write lock held for `seconds` (or until `release` is set), then a committed write.
+    Returns once the lock is held."""
     held = threading.Event()
 
     def hold():
@@ -64,7 +65,10 @@ def _hold_write_lock(db: Path, seconds: float) -> threading.Thread:
         con.execute("CREATE TABLE IF NOT EXISTS edgeflow_test_writer (x INTEGER)")
         con.execute("INSERT INTO edgeflow_test_writer VALUES (1)")
         held.set()
-        time.sleep(seconds)
+        if release is not None:
+            release.wait(60)
+        else:
+            time.sleep(seconds)
         con.execute("COMMIT")
         con.close()
 
@@ -79,9 +83,22 @@ def test_a_write_refused_as_busy_is_answered_once_the_lock_is_gone_not_with_a_50
     with httpx.Client(base_url=url, timeout=60) as api:  # no client retries: what the server answers, as it answers
         assert api.post("/work_pools/", json={"name": "busy-test", "type": "process"}).status_code == 201
         flow = api.post("/flows/", json={"name": "busy-test"}).json()
-        _hold_write_lock(db, 0.8)  # long enough that the request meets it on a loaded box, within RETRY_BUDGET_S
+        # the lock is held until the server says the request met it (no timing: on a loaded box the request may
+        # reach the database late), then released within the server's retry budget
+        release = threading.Event()
+        _hold_write_lock(db, release=release)
+        answer: dict = {}
         # create_flow_run reads the pool's queue, then inserts: the transaction SQLite refuses while the lock is held
-        r = api.post("/flow_runs/", json={"flow_id": flow["id"], "work_pool_name": "busy-test"})
+        request = threading.Thread(target=lambda: answer.update(r=api.post(
+            "/flow_runs/", json={"flow_id": flow["id"], "work_pool_name": "busy-test"})))
+        request.start()
+        deadline = time.monotonic() + 60
+        while request.is_alive() and time.monotonic() < deadline and \
+                "busy: POST /api/flow_runs/ refused" not in log.read_text():
+            time.sleep(0.005)
+        release.set()
+        request.join(60)
+    r = answer["r"]
     assert r.status_code == 201, (r.status_code, r.text)
     assert r.json()["work_pool_name"] == "busy-test"
     retried = [line for line in log.read_text().splitlines() if "busy: POST /api/flow_runs/ answered after" in line]
