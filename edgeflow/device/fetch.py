@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -57,8 +58,6 @@ def fetch_version(profile: Profile, alias: str, version: str | None = None) -> t
 def _cannot_hold(partial: Path, needed: int) -> bool:
     """After a failed download into `partial`: the disk under it has no inode left, or less room than the rest of
     the package (`needed` bytes in all, less what `partial` already holds)."""
-    import os
-
     if not partial.parent.exists():
         return False
     written = sum(f.stat().st_size for f in partial.rglob("*") if f.is_file()) if partial.exists() else 0

@@ -13,8 +13,8 @@ the body the client sent, so its effect is the client's retry, minus the wait. A
 the client as before, and its own back-off takes over. A Postgres database (PREFECT_API_DATABASE_CONNECTION_URL)
 needs none of this; the layer is harmless there (it sees no 503).
 
-Every retried request is two lines in the server's log (`busy: POST /api/... refused, retrying for up to B s`, then `busy: POST /api/... answered after N retries in T s`):
-`benchmarks/release_stages.py` counts them.
+Every retried request is two lines in the server's log: `busy: POST /api/... refused, retrying for up to B s` at its first
+refusal, then `busy: POST /api/... answered after N retries in T s` (count these for how often the lock was met).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What the end-to-end tests share: runs of the real deployments (polled every second), the flow runs a release
-made, a release the student gate refuses, and clearing a test port a killed session left held."""
+made, the version a stable port serves, a flow run read, awaited, retried as the UI does, its states and subflows, a rollout's persisted state, a release the student gate refuses, and clearing a test port a killed session left held."""
 from __future__ import annotations
 
 import json
@@ -72,6 +72,99 @@ def flow_runs_of(flow_name: str) -> list:
             return await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])), limit=200)
 
     return asyncio.run(read())
+
+
+def read_flow_run(flow_run_id):
+    """The flow run as the Prefect API has it now."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_flow_run(flow_run_id)
+
+    return asyncio.run(read())
+
+
+def flow_run_states(flow_run_id) -> list:
+    """Every state the flow run went through, oldest first."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_flow_run_states(flow_run_id)
+
+    return asyncio.run(read())
+
+
+def child_flow_runs(flow_run_id) -> list:
+    """The subflow runs (and deployment runs started as subflows) of one flow run."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
+
+    return asyncio.run(read())
+
+
+def wait_final(flow_run_id, timeout: float, runs: int = 1):
+    """The flow run once it is final (and has run `runs` times: a Retry's), or as it is after `timeout` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    run = read_flow_run(flow_run_id)
+    while time.monotonic() < deadline and not (run.state.is_final() and run.run_count >= runs):
+        time.sleep(1)
+        run = read_flow_run(flow_run_id)
+    return run
+
+
+def retry_flow_run(flow_run_id, message: str) -> None:
+    """What the Prefect UI's Retry button sends: the run, final, set AwaitingRetry."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import AwaitingRetry
+
+    async def retry():
+        async with get_client() as client:
+            await client.set_flow_run_state(flow_run_id, AwaitingRetry(message=message), force=True)
+
+    asyncio.run(retry())
+
+
+def wait_for_rollout_state(flow_run_id, ready, timeout: float = 600):
+    """The rollout state the run persisted (MLflow `edgeflow-rollouts`), once `ready(state)` holds."""
+    import time
+
+    from edgeflow.fleet.rollout import find_state
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = find_state(str(flow_run_id))
+        if state is not None and ready(state):
+            return state
+        time.sleep(0.5)
+    raise AssertionError(f"rollout {flow_run_id}: no persisted state that is ready after {timeout:.0f} s "
+                         f"(last: {find_state(str(flow_run_id))}; run: {read_flow_run(flow_run_id).state})")
+
+
+def served_version(port: int, model: str) -> str:
+    """The version a stable port serves, as its answers say (system_fingerprint = the registered version)."""
+    import httpx
+
+    r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
+        "model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    return r.json()["system_fingerprint"]
 
 
 STUDENT_REFUSED = "Nothing was registered, staged or deployed. Fix: train longer (distill.steps, now 3)"

@@ -94,16 +94,19 @@ def require_root(why: str) -> None:
 
 
 def require_cpu_native(*, module: bool = False) -> None:
-    """What cpu_native's kernels need: an AVX2/FMA/F16C CPU (hardware) and a C compiler (a tool)."""
-    from edgeflow.engines.cpu_native import _cpu_flags
-    from edgeflow.engines.cpu_native.settings import REQUIRED_ISA
+    """What cpu_native's kernels need, as its own checks say (edgeflow/engines/cpu_native/kernels.py): an
+    AVX2/FMA/F16C CPU (hardware) and a C compiler (a tool)."""
+    from edgeflow.engines import EngineIncompatibleError
+    from edgeflow.engines.cpu_native.kernels import _compiler, _require_isa
 
-    if not set(REQUIRED_ISA) <= _cpu_flags():
-        skip_for_hardware(f"cpu_native's kernels need {'/'.join(REQUIRED_ISA)}, which this CPU lacks", module=module)
-    cc = os.environ.get("CC", "cc")
-    if shutil.which(cc) is None:
-        lacking(f"cpu_native builds its kernels with a C compiler, and {cc!r} is not on PATH", "apt-get install gcc",
-                module=module)
+    try:
+        _require_isa()
+    except EngineIncompatibleError as e:
+        skip_for_hardware(str(e), module=module)
+    try:
+        _compiler()
+    except EngineIncompatibleError as e:
+        lacking(str(e), "apt-get install gcc", module=module)
 
 
 # The plugin half (tests/conftest.py loads this module as a pytest plugin): every skip passes through here, however it

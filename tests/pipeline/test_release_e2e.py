@@ -15,7 +15,9 @@ import pytest
 
 from edgeflow.ops import monitoring
 from tests.helpers.require import MONITORING_FIX, check_or_warn, lacking, require_browser
-from tests.helpers.e2e import clear_stale_servers, flow_runs_of, refused_release, run_deployment, stage_flow_runs
+from tests.helpers.e2e import (
+    clear_stale_servers, refused_release, run_deployment, served_version, stage_flow_runs,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
@@ -1158,7 +1160,7 @@ def test_a_full_device_disk_fails_the_fetch_naming_the_bytes_and_the_serving_ver
     from edgeflow.tracking import registry
 
     base = load_profile(REPO / "configs" / "test-tiny.yaml")
-    served = _served_version(base)
+    served = served_version(base.deploy.port, base.registry.model_name)
     mv = registry.client().get_model_version_by_alias(base.registry.model_name, "staging")
     needed = fetch.package_bytes(base.registry.model_name, mv.version)
     room = int(needed * fetch.SPACE_MARGIN) + 2**20  # passes require_space
@@ -1203,15 +1205,7 @@ def test_a_full_device_disk_fails_the_fetch_naming_the_bytes_and_the_serving_ver
         assert not [f for f in (disk / "versions").rglob("*") if f.is_file()]  # nothing partial left
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
-    assert _served_version(base) == served  # the device still serves what it served
-
-
-def _served_version(profile) -> str:
-    """The version the stable port serves, as its answer says (system_fingerprint: the registered version)."""
-    r = httpx.post(f"http://127.0.0.1:{profile.deploy.port}/v1/chat/completions", timeout=60, json={
-        "model": profile.registry.model_name, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4})
-    assert r.status_code == 200, r.text
-    return r.json()["system_fingerprint"]
+    assert served_version(base.deploy.port, base.registry.model_name) == served  # the device still serves what it served
 
 
 def test_the_tracking_and_prefect_servers_killed_mid_release_lose_nothing(services, tmp_path):
