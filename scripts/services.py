@@ -5,7 +5,9 @@
     python scripts/services.py env     # print the environment a shell needs to talk to them
 
 Ports and places come from the environment: EDGEFLOW_HOME (.edgeflow), EDGEFLOW_PREFECT_PORT (4200),
-EDGEFLOW_MLFLOW_PORT (5055), EDGEFLOW_POOLS (a100,orin,cpu); EDGEFLOW_MONITORING=off leaves out Prometheus, Alertmanager, the blackbox exporter and
+EDGEFLOW_MLFLOW_PORT (5055), EDGEFLOW_SERVICES_HOST (127.0.0.1: the address the Prefect and MLflow servers listen
+on and every client of this script's environment is pointed at; give the host's address, or 0.0.0.0, when workers on
+other hosts use them), EDGEFLOW_POOLS (a100,orin,cpu); EDGEFLOW_MONITORING=off leaves out Prometheus, Alertmanager, the blackbox exporter and
 the alert recorder (edgeflow/ops/monitoring.py: their ports, EDGEFLOW_*_PORT, and the servers they watch,
 EDGEFLOW_MONITOR_TARGETS, default the demo's 127.0.0.1:8000); EDGEFLOW_SCHEDULES=off pauses every
 deployment schedule after deploying (the tests' services); EDGEFLOW_SERVERS_NICE (10) is the niceness the Prefect
@@ -60,20 +62,27 @@ def settings() -> dict[str, str]:
         "home": str(home),
         "prefect_port": os.environ.get("EDGEFLOW_PREFECT_PORT", "4200"),
         "mlflow_port": os.environ.get("EDGEFLOW_MLFLOW_PORT", "5055"),
+        "host": os.environ.get("EDGEFLOW_SERVICES_HOST", "127.0.0.1"),
         "pools": os.environ.get("EDGEFLOW_POOLS", "a100,orin,cpu"),
     }
+
+
+def client_host(s: dict[str, str]) -> str:
+    """The address a client on this host dials: the one the servers listen on, or loopback when they listen on all."""
+    host = s.get("host", "127.0.0.1")
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
 def service_env(s: dict[str, str] | None = None) -> dict[str, str]:
     """Variables every process of the pipeline needs (the workers pass them on to flow runs)."""
     s = s or settings()
-    home = Path(s["home"])
+    home, host = Path(s["home"]), client_host(s)
     return result_storage_env(os.environ.get("EDGEFLOW_RESULT_STORAGE"), home) | {
         "PREFECT_HOME": str(home / "prefect"),
-        "PREFECT_API_URL": f"http://127.0.0.1:{s['prefect_port']}/api",
+        "PREFECT_API_URL": f"http://{host}:{s['prefect_port']}/api",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "MLFLOW_DISABLE_TELEMETRY": "true",  # edgeflow/pipeline/__init__.py says why
-        "PREFECT_UI_URL": f"http://127.0.0.1:{s['prefect_port']}",
+        "PREFECT_UI_URL": f"http://{host}:{s['prefect_port']}",
         # Results persist so that a retried release skips stages whose inputs did not change.
         "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "true",
         # Heartbeats drive the zombie automation (see the module docstring); 30 s is Prefect's minimum.
@@ -82,7 +91,7 @@ def service_env(s: dict[str, str] | None = None) -> dict[str, str]:
         # 10 s (5 s on average) for its worker to notice it, and a release has up to eight (loopback API).
         "PREFECT_WORKER_QUERY_SECONDS": "2",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-        "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{s['mlflow_port']}",
+        "MLFLOW_TRACKING_URI": f"http://{host}:{s['mlflow_port']}",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
@@ -194,14 +203,14 @@ def up() -> None:
     s = settings()
     home = Path(s["home"])
     env = service_env(s)
-    prefect_health = f"http://127.0.0.1:{s['prefect_port']}/api/health"
-    mlflow_health = f"http://127.0.0.1:{s['mlflow_port']}/health"
+    prefect_health = f"http://{client_host(s)}:{s['prefect_port']}/api/health"
+    mlflow_health = f"http://{client_host(s)}:{s['mlflow_port']}/health"
     nice = servers_nice()
     started = []
     if not answers(prefect_health):
         # Prefect's app behind edgeflow's retry of SQLite's busy answers (edgeflow/pipeline/server.py): no 2 s client
         # back-off on a release's hand-offs.
-        _spawn("prefect-server", [str(BIN / "python"), "-m", "edgeflow.pipeline.server", "--host", "127.0.0.1",
+        _spawn("prefect-server", [str(BIN / "python"), "-m", "edgeflow.pipeline.server", "--host", s["host"],
                                   "--port", s["prefect_port"]], env, home, nice)
         started.append(("prefect-server", prefect_health))
     if not answers(mlflow_health):
@@ -210,7 +219,7 @@ def up() -> None:
         # huey consumer processes took 3 CPU-seconds each to start (21 in all, 2-core AMD EPYC), on the cores the
         # Prefect server, the deploy and the release's first stage start on.
         _spawn("mlflow-server", [
-            str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", s["mlflow_port"],
+            str(BIN / "mlflow"), "server", "--host", s["host"], "--port", s["mlflow_port"],
             "--backend-store-uri", f"sqlite:///{home / 'mlflow' / 'mlflow.db'}",
             "--artifacts-destination", str(home / "mlflow" / "artifacts"), "--workers", "1",
         ], env | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, home, nice)

@@ -28,6 +28,11 @@ class RolloutBreach(RuntimeError):
     """A wave breached: the devices were rolled back and `production` did not move."""
 
 
+class DeviceRunLost(RuntimeError):
+    """A device's run stopped reporting and was marked Crashed (its worker or its network went): what it did on the
+    device is unknown, so the rollout treats the device as switched and rolls it back with the rest."""
+
+
 def _run_on_device(deployment: str, device: str, parameters: dict, cfg) -> dict:
     """Run a deployment on the device's own queue and wait: rollout.pickup_timeout_s for its worker to take it (a device
     that is cut off never does; the run is then cancelled, so the device never runs it stale), then
@@ -54,6 +59,9 @@ def _run_on_device(deployment: str, device: str, parameters: dict, cfg) -> dict:
                 raise RuntimeError(f"{what} was not picked up within rollout.pickup_timeout_s={limit:.0f} s: the device's "
                                    "worker is not polling its queue (cut off, or stopped); the run was cancelled")
             raise RuntimeError(f"{what} is still {fr.state.type.value} after rollout.deploy_timeout_s={limit:.0f} s")
+    if fr.state.is_crashed():
+        raise DeviceRunLost(f"{what} was lost mid-run: it ended CRASHED ({fr.state.message or 'no message'}); what it "
+                            "changed on the device is unknown until the device reports again")
     if not fr.state.is_completed():
         raise RuntimeError(f"{what} ended {fr.state.type.value}: {fr.state.message or 'no message'}")
     return fr.state.result()
@@ -124,6 +132,8 @@ def rollout_wave(profile: str, index: int, devices: list[str], old: list[str], v
             if "EngineIncompatibleError" in str(e):  # deploy.build_on_device: false, and the engine cannot run there
                 skipped[d] = f"skipped: {e}"
                 print(f"{d}: {skipped[d]}")
+            elif isinstance(e, DeviceRunLost) or "lost mid-run" in str(e):  # the type, or its message through Prefect
+                breaches.append(f"{d}: {e} (check: deploy)")
             else:
                 breaches.append(f"{d}: deploy-edge failed, the device kept its version: {e} (check: deploy)")
     devices = [d for d in devices if d not in skipped]

@@ -24,7 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.e2e import run_deployment  # polls every second
+from tests.helpers.e2e import (  # run_deployment polls every second
+    child_flow_runs, flow_run_states, flow_runs_of, read_flow_run, retry_flow_run, run_deployment, served_version,
+    wait_final, wait_for_rollout_state,
+)
+from tests.helpers.netns import Link
 
 REPO = Path(__file__).resolve().parents[2]
 # Outside the checkout: a clone may sit under a directory other users cannot enter (/root). /var/tmp is 1777.
@@ -42,6 +46,9 @@ PROMETHEUS_PORT = os.environ.get("EDGEFLOW_TEST_MH_PROMETHEUS_PORT", "9291")
 GROUP = "edgeflow-hosts"
 PROFILE = "configs/test-multihost.yaml"
 PREFECT_PORT, MLFLOW_PORT = os.environ.get("EDGEFLOW_TEST_MH_PREFECT_PORT", "4330"), os.environ.get("EDGEFLOW_TEST_MH_MLFLOW_PORT", "5085")
+# orin-b's network: a namespace of its own and a veth pair to this one, whose host side the servers listen on
+# (tests/helpers/netns.py). Every host reaches the servers at that address; the cut-off test takes orin-b's link down.
+LAB = Link("edgeflow-orin-b", os.environ.get("EDGEFLOW_TEST_MH_SUBNET", "10.213.77"), "efx-orinb")
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="creates Linux users (needs root)")]
 
 
@@ -78,9 +85,10 @@ class Host:
     (python -m edgeflow.fleet worker: register, then poll its own queue device-<id>, and the pool's default queue
     when the device also builds and gates engines)."""
 
-    def __init__(self, key: str, svc: dict[str, str], results: Path, pool: str | None = None, device: dict | None = None):
+    def __init__(self, key: str, svc: dict[str, str], results: Path, pool: str | None = None, device: dict | None = None,
+                 netns: Link | None = None):
         self.key, self.pool, self.name = key, pool or key, user(key)
-        self.device = device
+        self.device, self.netns = device, netns
         self.home = BASE / key
         self.checkout, self.edgeflow_home = self.home / "checkout", self.home / "edgeflow"
         self.uid, self.gid = _ensure_user(self.name, self.home)
@@ -99,9 +107,11 @@ class Host:
         self.proc: subprocess.Popen | None = None
 
     def _enter(self, *cmd: str) -> list[str]:
-        """`cmd` as this host's user, in a mount namespace of its own (see namespace_script)."""
+        """`cmd` as this host's user, in a mount namespace of its own (see namespace_script), and in its network
+        namespace when it has one."""
         keep = [Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()]  # the interpreter and the shared venv
-        return ["unshare", "-m", "--propagation", "private", "bash", "-c", namespace_script(keep), "_",
+        return [*(self.netns.enter() if self.netns else []), "unshare", "-m", "--propagation", "private", "bash", "-c",
+                namespace_script(keep), "_",
                 str(self.uid), str(self.gid), *cmd]
 
     def as_user(self, *cmd: str) -> subprocess.CompletedProcess:
@@ -187,11 +197,12 @@ def hosts(teacher_dir):
     servers_env = {"EDGEFLOW_HOME": str(BASE / "servers"), "EDGEFLOW_PREFECT_PORT": PREFECT_PORT,
                    "EDGEFLOW_MLFLOW_PORT": MLFLOW_PORT, "EDGEFLOW_SCHEDULES": "off", "EDGEFLOW_WORKERS": "off",
                    "EDGEFLOW_MONITORING": "off",  # the monitoring stack is held by test_release_e2e.py and tests/infra
-                   "EDGEFLOW_RESULT_STORAGE": str(BASE / "results")}
+                   "EDGEFLOW_RESULT_STORAGE": str(BASE / "results"), "EDGEFLOW_SERVICES_HOST": LAB.outer_ip}
     subprocess.run([sys.executable, "scripts/services.py", "down"], cwd=REPO, env=os.environ | servers_env, check=False)
     from tests.helpers.e2e import clear_stale_servers
 
     clear_stale_servers(PREFECT_PORT, MLFLOW_PORT)
+    LAB.create()  # before the servers: they listen on its host-side address
     shutil.rmtree(BASE, ignore_errors=True)
     (BASE / "logs").mkdir(parents=True)
     BASE.chmod(0o755)
@@ -202,7 +213,8 @@ def hosts(teacher_dir):
     os.chown(results, 0, grp.getgrnam(GROUP).gr_gid)
     results.chmod(0o2770)
     subprocess.run([sys.executable, "scripts/services.py", "up"], cwd=REPO, env=os.environ | servers_env, check=True)
-    svc = service_env({"home": str(BASE / "servers"), "prefect_port": PREFECT_PORT, "mlflow_port": MLFLOW_PORT, "pools": ""})
+    svc = service_env({"home": str(BASE / "servers"), "prefect_port": PREFECT_PORT, "mlflow_port": MLFLOW_PORT, "pools": "",
+                       "host": LAB.outer_ip})
     svc["PREFECT_LOCAL_STORAGE_PATH"] = str(results)
     saved = {k: os.environ.get(k) for k in svc}
     os.environ.update(svc)
@@ -244,6 +256,7 @@ def _hosts(svc: dict, results: Path, servers_env: dict, saved: dict):
     for h in hosts.values():
         h.kill()  # the module is done: no run to let finish, nothing to keep
     subprocess.run([sys.executable, "scripts/services.py", "down"], cwd=REPO, env=os.environ | servers_env, check=False)
+    LAB.remove()
     _remove_all_but_logs()
     for k, v in saved.items():
         if v is None:
@@ -344,8 +357,6 @@ def test_a_stage_killed_mid_build_resumes_on_retry_without_rerunning_upstream_st
     run, the build's orphaned MLflow run is KILLED, and each variant is registered once."""
     import yaml
     from mlflow import MlflowClient
-    from prefect.client.orchestration import get_client
-    from prefect.states import AwaitingRetry
 
     from tests.helpers.e2e import stage_flow_runs
 
@@ -371,15 +382,7 @@ def test_a_stage_killed_mid_build_resumes_on_retry_without_rerunning_upstream_st
     assert building is not None, "the engine build never started"
     hosts["orin"].kill()  # kill -9: the worker and the flow run building the engine
 
-    async def read(flow_run_id):
-        async with get_client() as client:
-            return await client.read_flow_run(flow_run_id)
-
-    deadline = time.monotonic() + 600  # the zombie automation needs ~90 s without heartbeats
-    run = asyncio.run(read(fr.id))
-    while time.monotonic() < deadline and not run.state.is_final():
-        time.sleep(1)
-        run = asyncio.run(read(fr.id))
+    run = wait_final(fr.id, 600)  # the zombie automation needs ~90 s without heartbeats
     assert run.state.is_failed(), run.state
     release_id = c.get_run(building.info.run_id).data.tags["edgeflow.release_id"]
     [crashed] = [r for r in stage_flow_runs(release_id)["build_engine"]]
@@ -392,16 +395,8 @@ def test_a_stage_killed_mid_build_resumes_on_retry_without_rerunning_upstream_st
 
     hosts["orin"].start_worker()
 
-    async def retry():
-        async with get_client() as client:
-            await client.set_flow_run_state(fr.id, AwaitingRetry(message="Retry after kill -9"), force=True)
-
-    asyncio.run(retry())
-    deadline = time.monotonic() + 1500
-    run = asyncio.run(read(fr.id))
-    while time.monotonic() < deadline and not (run.state.is_final() and run.run_count >= 2):
-        time.sleep(1)
-        run = asyncio.run(read(fr.id))
+    retry_flow_run(fr.id, "Retry after kill -9")
+    run = wait_final(fr.id, 1500, runs=2)
     assert run.state.is_completed(), f"retried release ended {run.state.type}: {run.state.message}"
     after = {r.info.run_id: r for r in _stage_runs(c, release_id)}
     new = {r.data.tags["edgeflow.stage"] for rid, r in after.items() if rid not in before}
@@ -458,8 +453,9 @@ class Load:
 
 @pytest.fixture(scope="module")
 def fleet(hosts):
-    """orin-b joins (its own user, checkout, ports and device worker); Prometheus scrapes both devices by the inventory's
-    file_sd targets, every second."""
+    """orin-b joins (its own user, checkout, ports and device worker, in its own network namespace: LAB); Prometheus
+    scrapes both devices by the inventory's file_sd targets, every second. orin-b's stable port answers here through
+    LAB's forwarder, as it answers its own clients on the device: not over the link the cut-off test cuts."""
     orin = hosts["orin"]
     # The kill -9 test took orin-a's edge servers down with its worker: the device's boot command (what
     # edgeflow-edge-server.service runs) serves its current version again, then the device re-registers.
@@ -467,7 +463,8 @@ def fleet(hosts):
         r = orin.as_user(sys.executable, *cmd)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     svc = {k: orin.env[k] for k in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PREFECT_FLOWS_HEARTBEAT_FREQUENCY")}
-    b = Host("orin2", svc, BASE / "results", pool="orin", device=DEVICE_B)
+    b = Host("orin2", svc, BASE / "results", pool="orin", device=DEVICE_B, netns=LAB)
+    LAB.forward(DEVICE_B["deploy"]["port"])
     b.home.mkdir(mode=0o700)
     _copy_checkout(b.checkout)
     _run("chown", "-R", f"{b.name}:{b.name}", str(b.home), check=True)
@@ -504,16 +501,6 @@ def fleet(hosts):
     proc.terminate()
     proc.wait(30)
     b.kill()
-
-
-def _fingerprint(port: int, model: str) -> str:
-    """The version a device's stable port serves, as its answers say (system_fingerprint = the registered version)."""
-    import httpx
-
-    r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
-        "model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
-    assert r.status_code == 200, r.text
-    return r.json()["system_fingerprint"]
 
 
 def _proxy_log(host: Host) -> str:
@@ -555,9 +542,9 @@ def test_devices_register_with_their_facts_and_a_targeted_deploy_runs_on_the_nam
                         work_queue_name="device-orin-b", timeout=900)
     assert fr.state.is_completed(), fr.state.message
     assert fr.work_queue_name == "device-orin-b"
-    listeners = [cn for cn in psutil.net_connections("tcp") if cn.laddr.port == 8785 and cn.status == "LISTEN"]
-    assert {psutil.Process(cn.pid).username() for cn in listeners} == {user("orin2")}
-    assert _fingerprint(8785, "edgeflow-multihost") == staging
+    listeners = LAB.listeners(8785)  # inside orin-b's namespace; here, 8785 is LAB's forwarder
+    assert listeners and {psutil.Process(pid).username() for pid in listeners} == {user("orin2")}
+    assert served_version(8785, "edgeflow-multihost") == staging
     [record, *_] = _deployments(c, "orin-b")
     assert record.data.tags["edgeflow.version"] == staging and record.info.status == "FINISHED"
     assert record.data.tags["edgeflow.device_dir"].startswith(str(fleet["orin-b"].checkout))
@@ -565,64 +552,7 @@ def test_devices_register_with_their_facts_and_a_targeted_deploy_runs_on_the_nam
 
 
 def _rollout_waves(flow_run_id) -> list[str]:
-    return sorted(r.name for r in _child_flow_runs(flow_run_id) if r.name.startswith("wave "))
-
-
-def _read_flow_run(flow_run_id):
-    from prefect.client.orchestration import get_client
-
-    async def read():
-        async with get_client() as client:
-            return await client.read_flow_run(flow_run_id)
-
-    return asyncio.run(read())
-
-
-def _flow_run_states(flow_run_id) -> list:
-    """Every state the flow run went through, oldest first."""
-    from prefect.client.orchestration import get_client
-
-    async def read():
-        async with get_client() as client:
-            return await client.read_flow_run_states(flow_run_id)
-
-    return asyncio.run(read())
-
-
-def _wait_final(flow_run_id, timeout: float, runs: int = 1):
-    """The flow run once it is final (and has run `runs` times: a Retry's), or as it is after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    run = _read_flow_run(flow_run_id)
-    while time.monotonic() < deadline and not (run.state.is_final() and run.run_count >= runs):
-        time.sleep(1)
-        run = _read_flow_run(flow_run_id)
-    return run
-
-
-def _wait_for_rollout_state(flow_run_id, ready, timeout: float = 600):
-    """The rollout state the run persisted (MLflow `edgeflow-rollouts`), once `ready(state)` holds."""
-    from edgeflow.fleet.rollout import find_state
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = find_state(str(flow_run_id))
-        if state is not None and ready(state):
-            return state
-        time.sleep(0.5)
-    raise AssertionError(f"rollout {flow_run_id}: no persisted state that is ready after {timeout:.0f} s "
-                         f"(last: {find_state(str(flow_run_id))}; run: {_read_flow_run(flow_run_id).state})")
-
-
-def _child_flow_runs(flow_run_id) -> list:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
-
-    async def read():
-        async with get_client() as client:
-            return await client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
-
-    return asyncio.run(read())
+    return sorted(r.name for r in child_flow_runs(flow_run_id) if r.name.startswith("wave "))
 
 
 def test_a_good_candidate_goes_canary_first_then_the_rest_and_production_moves(fleet):
@@ -638,16 +568,16 @@ def test_a_good_candidate_goes_canary_first_then_the_rest_and_production_moves(f
     production_before = alias_version(c, "edgeflow-multihost", "production")  # None: no rollout has moved it yet
     with Load({d: f"http://127.0.0.1:{p}" for d, p in PORTS.items()}, "edgeflow-multihost") as load:
         fr = run_deployment("rollout/rollout", parameters={"profile": PROFILE, "version": candidate}, timeout=0)
-        _wait_for_rollout_state(fr.id, lambda s: True)  # planned: this rollout holds the fleet now
+        wait_for_rollout_state(fr.id, lambda s: True)  # planned: this rollout holds the fleet now
         # a second rollout of the same fleet, started as a user would (a deployment run on the cpu pool) while the
         # first is at work: refused at its first step, naming the first, before it plans or touches a device
         second = run_deployment("rollout/rollout", parameters={"profile": PROFILE, "version": candidate}, timeout=600)
         assert second.state.is_failed(), second.state
         assert f"rollout refused: flow run {fr.name!r} ({fr.id}) of rollout is already at work on orin" in second.state.message, second.state.message
         assert f"prefect flow-run cancel {fr.id}" in second.state.message
-        assert _child_flow_runs(second.id) == [] and find_state(str(second.id)) is None  # no wave, no deploy, no state
+        assert child_flow_runs(second.id) == [] and find_state(str(second.id)) is None  # no wave, no deploy, no state
         assert alias_version(c, "edgeflow-multihost", "production") == production_before
-        fr = _wait_final(fr.id, 1800)
+        fr = wait_final(fr.id, 1800)
     assert fr.state.is_completed(), fr.state.message
     state = fr.state.result()
     assert [w["devices"] for w in state["waves"]] == [["orin-a"], ["orin-b"]]  # the canary, then the rest
@@ -660,7 +590,7 @@ def test_a_good_candidate_goes_canary_first_then_the_rest_and_production_moves(f
         assert figures["scraped"] and figures["requests"] >= 3 and figures["errors_5xx"] == 0
     assert state["waves"][0]["watch"]["baseline"]["device"] == "orin-b"  # the canary was compared with the old version
     assert c.get_model_version_by_alias("edgeflow-multihost", "production").version == candidate
-    assert {d: _fingerprint(p, "edgeflow-multihost") for d, p in PORTS.items()} == {"orin-a": candidate, "orin-b": candidate}
+    assert {d: served_version(p, "edgeflow-multihost") for d, p in PORTS.items()} == {"orin-a": candidate, "orin-b": candidate}
     assert load.failures() == {"orin-a": [], "orin-b": []}, (load.failures(), _proxy_log(fleet["orin-a"]), _proxy_log(fleet["orin-b"]))
     assert all(len(r) >= 5 for r in load.results.values())
     # the Prefect UI shows each wave as a subflow run named by its devices
@@ -677,12 +607,9 @@ def test_a_rollout_killed_in_its_second_wave_resumes_there_on_retry_and_the_cana
     from the state the rollout persisted: orin-a (wave 0) is not deployed again, both devices end on the version,
     `production` moves, and the registry's rollout record says what the devices serve."""
     from mlflow import MlflowClient
-    from prefect.client.orchestration import get_client
-    from prefect.states import AwaitingRetry
 
     from edgeflow.fleet.rollout import find_state
     from edgeflow.pipeline.inventory_store import read_inventory
-    from tests.helpers.e2e import flow_runs_of
 
     c = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     name = "edgeflow-multihost"
@@ -690,20 +617,16 @@ def test_a_rollout_killed_in_its_second_wave_resumes_there_on_retry_and_the_cana
     target = next(v.version for v in c.search_model_versions(f"name = '{name}'") if v.version != production)
     deploys_before = {r.id for r in flow_runs_of("deploy-edge")}
     fr = run_deployment("rollout/rollout", parameters={"profile": PROFILE, "version": target}, timeout=0)
-    _wait_for_rollout_state(fr.id, lambda s: s.waves[0].status == "passed" and s.waves[1].status == "deploying", 900)
+    wait_for_rollout_state(fr.id, lambda s: s.waves[0].status == "passed" and s.waves[1].status == "deploying", 900)
     fleet["cpu"].kill()  # kill -9: the rollout's process dies in wave 1
-    crashed = _wait_final(fr.id, 600)  # the zombie automation: ~90 s without heartbeats
+    crashed = wait_final(fr.id, 600)  # the zombie automation: ~90 s without heartbeats
     assert crashed.state.is_crashed(), crashed.state
     assert find_state(str(fr.id)).waves[1].status == "deploying"  # what the Retry resumes from
 
     fleet["cpu"].start_worker()
 
-    async def retry():  # what the UI's Retry button sends
-        async with get_client() as client:
-            await client.set_flow_run_state(fr.id, AwaitingRetry(message="Retry from the UI"), force=True)
-
-    asyncio.run(retry())
-    done = _wait_final(fr.id, 1500, runs=2)
+    retry_flow_run(fr.id, "Retry from the UI")
+    done = wait_final(fr.id, 1500, runs=2)
     assert done.state.is_completed(), f"the retried rollout ended {done.state.type}: {done.state.message}"
     state = done.state.result()
     assert [w["status"] for w in state["waves"]] == ["passed", "passed"] and state["status"] == "completed", state
@@ -713,7 +636,7 @@ def test_a_rollout_killed_in_its_second_wave_resumes_there_on_retry_and_the_cana
     assert len(by_device["device-orin-a"]) == 1, [(r.name, r.state_type) for r in new]
     assert by_device["device-orin-b"], [(r.name, r.state_type) for r in new]
     assert c.get_model_version_by_alias(name, "production").version == target
-    assert {d: _fingerprint(p, name) for d, p in PORTS.items()} == {"orin-a": target, "orin-b": target}
+    assert {d: served_version(p, name) for d, p in PORTS.items()} == {"orin-a": target, "orin-b": target}
     record = find_state(str(fr.id))  # the registry's record of the rollout matches the devices
     assert record.status == "completed" and record.version == target
     assert {r.id: r.serving.version for r in read_inventory("orin")} == {"orin-a": target, "orin-b": target}
@@ -744,7 +667,7 @@ def test_a_candidate_that_degrades_on_the_device_stops_at_the_canary_and_rolls_b
     assert "wave 0 breached: orin-a: probe on orin-a: agreement with the FP reference" in msg and "BELOW" in msg, msg
     assert f"rolled back: orin-a -> {production}" in msg and f"production unchanged (v{production})" in msg, msg
     assert c.get_model_version_by_alias("edgeflow-multihost", "production").version == production
-    assert {d: _fingerprint(p, "edgeflow-multihost") for d, p in PORTS.items()} == {"orin-a": production, "orin-b": production}
+    assert {d: served_version(p, "edgeflow-multihost") for d, p in PORTS.items()} == {"orin-a": production, "orin-b": production}
     assert load.failures() == {"orin-a": [], "orin-b": []} and all(len(r) >= 5 for r in load.results.values())
     # the records: orin-a ran the bad version, then was rolled back, saying why; orin-b was not deployed to
     back, switched, *_ = _deployments(c, "orin-a")
@@ -815,18 +738,19 @@ def test_a_worker_with_other_code_refuses_the_stage_naming_both_versions(hosts):
 
 
 def test_a_device_cut_off_during_a_wave_keeps_serving_fails_the_rollout_closed_and_catches_up_on_its_return(fleet):
-    """orin-b's worker dies the moment orin-b switched to the candidate in wave 1 (the device is cut off from the
-    servers; its edge server runs on). Its probe is never picked up: the wave breaches, orin-a is rolled back, the
-    rollback of orin-b cannot reach it (its queued run is cancelled), and `production` does not move. orin-b keeps
-    answering all along. When its worker is back, its own reconcile deployment brings it to `production`, and none of
-    the cancelled runs ever runs: the worker took the reconcile run from the same queue, and they stay cancelled."""
+    """orin-b's network link goes down (LAB.cut: its veth to the servers' namespace) the moment orin-b switched to the
+    candidate in wave 1. Everything on orin-b runs on: its edge server, its worker, the deploy run that switched, which
+    can no longer report. That run's heartbeats stop, the zombie automation marks it Crashed, and the wave breaches
+    naming orin-b; orin-a is rolled back, the rollback of orin-b is never picked up (cancelled after
+    rollout.pickup_timeout_s), and `production` does not move. orin-b keeps answering its own clients all along. When
+    the link is back, its worker polls again, its own reconcile deployment brings it to `production`, and none of the
+    cancelled runs ever runs: the worker took the reconcile run from the same queue, and they stay cancelled."""
     import threading
 
     import httpx
     import yaml
     from mlflow import MlflowClient
 
-    from tests.helpers.e2e import flow_runs_of
 
     c = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     name = "edgeflow-multihost"
@@ -857,33 +781,40 @@ def test_a_device_cut_off_during_a_wave_keeps_serving_fails_the_rollout_closed_a
                 continue
             answers.append(r.status_code)
             if r.status_code == 200 and r.json()["system_fingerprint"] == candidate:
-                _run("pkill", "-KILL", "-u", b.name, "-f", "worker start")  # the worker only: the server runs on
+                LAB.cut()
                 cut.set()
             time.sleep(0.2)
 
     watcher = threading.Thread(target=cut_off_when_switched, daemon=True)
     watcher.start()
-    fr = run_deployment("rollout/rollout", parameters={"profile": rel, "version": candidate}, timeout=1800)
-    watcher.join(60)
+    try:
+        fr = run_deployment("rollout/rollout", parameters={"profile": rel, "version": candidate}, timeout=1800)
+        watcher.join(60)
+        assert not LAB.is_up()  # cut until here: the rollout ended without orin-b
+    finally:
+        cut.set()
+        LAB.restore()
     assert cut.is_set(), (f"orin-b never served the candidate; the rollout ended {fr.state.type.value}: {fr.state.message}; "
                           f"answers {answers[-5:]}; {_proxy_log(b)}")
     assert fr.state.is_failed(), fr.state.message
     msg = fr.state.message
     assert "wave 1 breached: orin-b" in msg and "rollback FAILED" in msg and f"production unchanged (v{production})" in msg, msg
+    assert "lost mid-run" in msg, msg  # the wave's deploy on orin-b: switched, then never heard of again
     assert "not picked up within rollout.pickup_timeout_s=45 s" in msg, msg  # the rollback's run, cancelled unrun
     assert c.get_model_version_by_alias(name, "production").version == production
-    assert _fingerprint(PORTS["orin-a"], name) == production  # rolled back
-    assert _fingerprint(PORTS["orin-b"], name) == candidate  # cut off: kept serving what it had
+    assert served_version(PORTS["orin-a"], name) == production  # rolled back
+    assert served_version(PORTS["orin-b"], name) == candidate  # cut off: kept serving what it had
     assert answers and set(answers) == {200}, (answers, _proxy_log(b))  # answered all along, through the switch and the cut
 
-    b.start_worker()  # the device is back
+    # the link is back (restored above): the worker that ran through the cut polls again
+    assert b.proc.poll() is None, f"orin-b's worker exited while cut off: {(BASE / 'logs' / 'worker-orin2.log').read_text()[-2000:]}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and "device-orin-b" not in _online_workers("orin"):
         time.sleep(2)
     fr = run_deployment("reconcile-edge/reconcile-orin-b", parameters={"profile": PROFILE}, timeout=900)
     assert fr.state.is_completed(), fr.state.message
     assert fr.state.result()["action"] == "deploy" and fr.work_queue_name == "device-orin-b"
-    assert _fingerprint(PORTS["orin-b"], name) == production
+    assert served_version(PORTS["orin-b"], name) == production
     # the runs the rollout cancelled for orin-b (never picked up): still cancelled now that its worker has polled its
     # queue again and taken the later reconcile run from it
     cancelled = [r for r in flow_runs_of("deploy-edge") + flow_runs_of("probe-edge")
@@ -891,10 +822,11 @@ def test_a_device_cut_off_during_a_wave_keeps_serving_fails_the_rollout_closed_a
                  and "not picked up within rollout.pickup_timeout_s" in (r.state.message or "")]
     assert cancelled, "the rollout cancelled no run of orin-b's"
     for r in cancelled:
-        history = [st.type.value for st in _flow_run_states(r.id)]
-        assert _read_flow_run(r.id).state.is_cancelled() and "RUNNING" not in history, (r.name, history)
+        history = [st.type.value for st in flow_run_states(r.id)]
+        assert read_flow_run(r.id).state.is_cancelled() and "RUNNING" not in history, (r.name, history)
     records = _deployments(c, "orin-b")
-    new = records[: len(records) - b_records]  # newest first; the wave's own deploy died with the worker, unrecorded
-    assert new and new[0].data.tags["edgeflow.version"] == production and new[0].info.status == "FINISHED", new
-    assert new[0].data.tags["edgeflow.reason"].startswith("reconcile: serves v" + candidate)
+    new = records[: len(records) - b_records]  # newest first; the wave's own deploy may record late, once it reaches MLflow
+    reconciled = [r for r in new if r.data.tags["edgeflow.reason"].startswith("reconcile: serves v" + candidate)]
+    assert reconciled and reconciled[0].data.tags["edgeflow.version"] == production, [r.data.tags for r in new]
+    assert reconciled[0].info.status == "FINISHED", reconciled[0].data.tags
     assert not [r for r in new if r.data.tags["edgeflow.reason"].startswith("rollback of")]  # the cancelled run never ran
