@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -1272,6 +1273,7 @@ def test_the_tracking_and_prefect_servers_killed_mid_release_lose_nothing(servic
             time.sleep(2)
         raise AssertionError(f"flow run {fr_id} did not finish within {timeout:.0f} s")
 
+    worker_logs = {p: p.stat().st_size for p in (home / "logs").glob("worker-*.log")}  # read from here on, below
     fr = run_deployment("release/release", parameters={"profile": str(path), "deploy": "none"}, timeout=0)
     parent, quantizing = running_stage("quantize-gptq", str(fr.id))
     down_mlflow = restart("mlflow-server")
@@ -1290,6 +1292,20 @@ def test_the_tracking_and_prefect_servers_killed_mid_release_lose_nothing(servic
         state = finished(fr.id)
     assert state.is_completed(), (state.type, state.message, down_mlflow, down_prefect)
     print(f"servers down {down_mlflow:.0f} s (MLflow) and {down_prefect:.0f} s (Prefect); a Retry was needed: {retried}")
+    # what an operator reads in the workers' logs (their units' journals), as docs/how-to/faults.md quotes it: a stage's
+    # MLflow client retrying against the dead tracking server, and the release naming the Prefect outage it waited out
+    from urllib.parse import urlparse
+
+    logs = ""
+    for log in sorted((home / "logs").glob("worker-*.log")):  # what this release's processes wrote
+        with open(log, "rb") as f:
+            f.seek(worker_logs.get(log, 0))
+            logs += f.read().decode(errors="replace")
+    mlflow_port = urlparse(services["MLFLOW_TRACKING_URI"]).port
+    assert re.search(rf"Retrying \(Retry\(.*port={mlflow_port}\): Failed to establish a new connection", logs), \
+        f"no stage logged its MLflow client retrying against port {mlflow_port}"
+    assert re.search(r"flow run [0-9a-f-]{36}: the Prefect event stream failed \(.+\); reading its state", logs), \
+        "the release did not log the Prefect outage it waited out"
 
     exp = c.get_experiment_by_name("edgeflow-release")
     runs = c.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'") + [c.get_run(parent.info.run_id)]
