@@ -202,9 +202,9 @@ def _wait(url: str, timeout: float, name: str, home: Path) -> None:
 def up() -> None:
     s = settings()
     home = Path(s["home"])
-    env = service_env(s)
-    prefect_health = f"http://{client_host(s)}:{s['prefect_port']}/api/health"
-    mlflow_health = f"http://{client_host(s)}:{s['mlflow_port']}/health"
+    env, host = service_env(s), client_host(s)
+    prefect_health = f"http://{host}:{s['prefect_port']}/api/health"
+    mlflow_health = f"http://{host}:{s['mlflow_port']}/health"
     nice = servers_nice()
     started = []
     if not answers(prefect_health):

@@ -29,7 +29,7 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 class Link:
     def __init__(self, ns: str, prefix: str, ifname: str):
-        self.ns, self.prefix = ns, prefix
+        self.ns = ns
         self.outer, self.inner = f"{ifname}-o", f"{ifname}-i"  # interface names: 15 characters at most
         self.outer_ip, self.inner_ip = f"{prefix}.1", f"{prefix}.2"
         self.forwarders: list[subprocess.Popen] = []

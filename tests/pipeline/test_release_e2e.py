@@ -17,7 +17,7 @@ import pytest
 from edgeflow.ops import monitoring
 from tests.helpers.require import MONITORING_FIX, check_or_warn, lacking, require_browser
 from tests.helpers.e2e import (
-    clear_stale_servers, refused_release, run_deployment, served_version, stage_flow_runs,
+    clear_stale_servers, read_flow_run, refused_release, retry_flow_run, run_deployment, served_version, stage_flow_runs,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -1214,13 +1214,10 @@ def test_the_tracking_and_prefect_servers_killed_mid_release_lose_nothing(servic
     gate runs; start each again 8 s later (`services.py up`). The release completes (its clients retry with backoff;
     if it failed, a Retry of the same run must complete), no MLflow run of it is left RUNNING, nothing cached is
     recomputed, and each passing variant is registered once."""
-    import asyncio
     import signal as sig
 
     import yaml
     from mlflow import MlflowClient
-    from prefect.client.orchestration import get_client
-    from prefect.states import AwaitingRetry
 
     from edgeflow.ops.processes import read_pid
 
@@ -1257,15 +1254,11 @@ def test_the_tracking_and_prefect_servers_killed_mid_release_lose_nothing(servic
             time.sleep(1)
         raise AssertionError(f"no RUNNING {prefix} stage run within {timeout:.0f} s")
 
-    async def state_of(fr_id):
-        async with get_client() as client:
-            return (await client.read_flow_run(fr_id)).state
-
     def finished(fr_id, timeout: float = 1500):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                st = asyncio.run(state_of(fr_id))
+                st = read_flow_run(fr_id).state
                 if st.is_final():
                     return st
             except Exception:  # noqa: BLE001 - the server may still be coming back
@@ -1283,12 +1276,7 @@ def test_the_tracking_and_prefect_servers_killed_mid_release_lose_nothing(servic
     retried = False
     if not state.is_completed():  # the outage failed it: a Retry of the same run must complete what is left
         retried = True
-
-        async def retry():
-            async with get_client() as client:
-                await client.set_flow_run_state(fr.id, AwaitingRetry(message="Retry after the servers came back"), force=True)
-
-        asyncio.run(retry())
+        retry_flow_run(fr.id, "Retry after the servers came back")
         state = finished(fr.id)
     assert state.is_completed(), (state.type, state.message, down_mlflow, down_prefect)
     print(f"servers down {down_mlflow:.0f} s (MLflow) and {down_prefect:.0f} s (Prefect); a Retry was needed: {retried}")
