@@ -19,6 +19,7 @@ import os
 import time
 
 from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
 
 from edgeflow.preflight import load_profile
 from edgeflow.profile import Profile, RolloutConfig
@@ -182,7 +183,11 @@ def verdict_artifact(index: int, version: str, verdict: dict) -> dict:
     return verdict
 
 
-@task
+# The rollout's state is read and written through MLflow on every run of the flow, a Retry included: never from
+# Prefect's result cache. Under PREFECT_RESULTS_PERSIST_BY_DEFAULT a plain task is cached by its inputs and the flow
+# run id, which a Retry keeps: `plan` would hand the Retry the first run's plan (every wave pending) instead of the
+# state it persisted, and the Retry would enter passed waves again.
+@task(cache_policy=NO_CACHE)
 def plan(p: Profile, version: str | None, alias: str, flow_run_id: str) -> dict:
     """The candidate, the targeted online devices in waves, what each serves now; or the persisted state of this run."""
     from edgeflow.pipeline.inventory_store import read_inventory, worker_status
@@ -214,7 +219,7 @@ def plan(p: Profile, version: str | None, alias: str, flow_run_id: str) -> dict:
     return start_state(state).model_dump()
 
 
-@task
+@task(cache_policy=NO_CACHE)
 def save(state: dict, wave: int | None = None) -> None:
     from edgeflow.fleet.rollout import RolloutState, save_state
 

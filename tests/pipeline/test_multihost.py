@@ -621,7 +621,9 @@ def test_a_rollout_killed_in_its_second_wave_resumes_there_on_retry_and_the_cana
     fleet["cpu"].kill()  # kill -9: the rollout's process dies in wave 1
     crashed = wait_final(fr.id, 600)  # the zombie automation: ~90 s without heartbeats
     assert crashed.state.is_crashed(), crashed.state
-    assert find_state(str(fr.id)).waves[1].status == "deploying"  # what the Retry resumes from
+    before = find_state(str(fr.id))
+    assert before.waves[1].status == "deploying"  # what the Retry resumes from
+    assert before.waves[0].status == "passed" and before.waves[0].started_at, before.waves[0]
 
     fleet["cpu"].start_worker()
 
@@ -639,6 +641,10 @@ def test_a_rollout_killed_in_its_second_wave_resumes_there_on_retry_and_the_cana
     assert {d: served_version(p, name) for d, p in PORTS.items()} == {"orin-a": target, "orin-b": target}
     record = find_state(str(fr.id))  # the registry's record of the rollout matches the devices
     assert record.status == "completed" and record.version == target
+    # the Retry skipped the passed wave: its persisted record (start time, probes, watch, verdict) is the one the
+    # killed run wrote, not a second pass over it (Prefect would hand a re-entered wave the old subflow's result)
+    assert record.waves[0] == before.waves[0], (record.waves[0], before.waves[0])
+    assert record.waves[1].started_at != before.waves[1].started_at  # wave 1 was deployed again, from its start
     assert {r.id: r.serving.version for r in read_inventory("orin")} == {"orin-a": target, "orin-b": target}
 
 
