@@ -51,6 +51,21 @@ def check_engine(p: Profile) -> None:
             _refuse(p, f"distill.generation_defaults: {e}", "distill")
 
 
+def check_slo(p: Profile) -> None:
+    """Each slo target's runtime (its own, else engine.backend) is an engine backend that serves on the target's kind
+    of device (edgeflow/estimate/runtimes.py target_runtime)."""
+    from edgeflow.engines import BACKENDS
+    from edgeflow.estimate.runtimes import target_runtime
+
+    for i, t in enumerate(p.slo.targets):
+        if t.runtime is not None and t.runtime not in BACKENDS:
+            _refuse(p, f"slo.targets[{i}].runtime={t.runtime!r} is unknown; choose one of {sorted(BACKENDS)}", "slo")
+        try:
+            target_runtime(p.engine.backend, t, f"slo.targets[{i}]")
+        except ValueError as e:
+            _refuse(p, str(e), "slo")
+
+
 def check_files(p: Profile) -> None:
     """Name every missing input file up front, not hours into a run."""
     missing = [f"{field}={path}" for field, path in p.input_files().items() if not p.resolve(path).exists()]
@@ -113,6 +128,7 @@ def check_family(p: Profile) -> None:
 def preflight(p: Profile) -> Profile:
     """Every check of the module doc on a profile whose values are valid; returns it."""
     check_engine(p)
+    check_slo(p)
     check_files(p)
     check_alert_routes(p)
     check_eval_prompts(p)

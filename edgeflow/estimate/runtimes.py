@@ -7,7 +7,12 @@ nothing was measured, the roofline (the estimate is then a bound, and `edgeflow 
 """
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
+
+from edgeflow.profile.devices import device_class
+from edgeflow.profile.slo import SLOTarget
 
 
 class RuntimeEfficiency(BaseModel):
@@ -21,39 +26,45 @@ class RuntimeEfficiency(BaseModel):
                          "(decode estimates are then a bound, not a prediction).")
     compute_fitted: bool = Field(default=False, description="The compute factor is fitted to measured prefill speeds.")
     source: str = Field(description="The figures behind the factors.")
+    engine_backend: bool = Field(default=True, description="An edgeflow engine backend (edgeflow.engines.BACKENDS); "
+                                 "False: a runtime that published figures used, kept for comparison.")
+    device_kinds: tuple[Literal["jetson", "datacenter-gpu", "cpu"], ...] = Field(
+        description="The kinds of device (edgeflow/profile/devices.py DeviceClass.kind) it serves on: an SLO target of "
+        "another kind is refused for it, never estimated with its factors.")
 
 
-ROOFLINE = RuntimeEfficiency(name="roofline", bandwidth=1.0, compute=1.0, overhead_mb=0, fitted=False,
+_GPU = ("jetson", "datacenter-gpu")
+ROOFLINE = RuntimeEfficiency(name="roofline", bandwidth=1.0, compute=1.0, overhead_mb=0, fitted=False, device_kinds=(*_GPU, "cpu"),
                              source="none: the hardware's limits themselves")
 _FIT = "benchmarks/estimate_fit.py over benchmarks/data/published_speeds.json (BENCHMARKS.md#estimate): "
 
 # Factors: the geometric mean of published / roofline speed over each runtime's figures, with the leave-one-out error
 # (the error of predicting each figure from the others). A runtime with no figure of a kind keeps 1 for it.
 RUNTIMES: dict[str, RuntimeEfficiency] = {r.name: r for r in (
-    RuntimeEfficiency(name="tensorrt_llm", bandwidth=1.0, compute=0.52, overhead_mb=0, fitted=False, compute_fitted=True,
+    RuntimeEfficiency(name="tensorrt_llm", device_kinds=_GPU, bandwidth=1.0, compute=0.52, overhead_mb=0, fitted=False, compute_fitted=True,
                       source=_FIT + "prefill 0.52 from 2 A100 fp16 figures (TensorRT-LLM 0.5; leave-one-out 64 %); no "
                       "batch-1 decode figure found, so decode is the roofline"),
-    RuntimeEfficiency(name="edge_llm", bandwidth=0.73, compute=0.093, overhead_mb=0, fitted=True, compute_fitted=True,
+    RuntimeEfficiency(name="edge_llm", device_kinds=("jetson",), bandwidth=0.73, compute=0.093, overhead_mb=0, fitted=True, compute_fitted=True,
                       source=_FIT + "decode 0.73 and prefill 0.093 from 3 INT4 AWQ figures on AGX Thor (Edge-LLM's own "
                       "tables; leave-one-out 24 % and 5 %); none on Orin"),
-    RuntimeEfficiency(name="vllm", bandwidth=0.26, compute=1.0, overhead_mb=0, fitted=True,
+    RuntimeEfficiency(name="vllm", device_kinds=_GPU, bandwidth=0.26, compute=1.0, overhead_mb=0, fitted=True,
                       source=_FIT + "decode 0.26 from 1 figure (Qwen3-14B AWQ on an A100 80 GB after a 16,000-token "
                       "prompt): one figure, no leave-one-out"),
-    RuntimeEfficiency(name="llama_cpp", bandwidth=0.35, compute=1.0, overhead_mb=0, fitted=True,
+    RuntimeEfficiency(name="llama_cpp", device_kinds=(*_GPU, "cpu"), bandwidth=0.35, compute=1.0, overhead_mb=0, fitted=True,
                       source=_FIT + "decode 0.35 from 7 figures (A100, H100, AGX/IGX Orin; Q4 and F16; leave-one-out "
                       "median 39 %, the H100 Q4_0 figure 168 %)"),
-    RuntimeEfficiency(name="mlc", bandwidth=0.66, compute=1.0, overhead_mb=0, fitted=True,
+    RuntimeEfficiency(name="mlc", engine_backend=False, device_kinds=_GPU, bandwidth=0.66, compute=1.0, overhead_mb=0, fitted=True,
                       source=_FIT + "decode 0.66 from 14 INT4 figures on Orin Nano, Orin Nano Super and AGX Orin "
                       "(leave-one-out median 20 %); not an edgeflow backend: for comparison"),
-    RuntimeEfficiency(name="tinychat", bandwidth=0.69, compute=1.0, overhead_mb=0, fitted=True,
+    RuntimeEfficiency(name="tinychat", engine_backend=False, device_kinds=_GPU, bandwidth=0.69, compute=1.0, overhead_mb=0, fitted=True,
                       source=_FIT + "decode 0.69 from 4 figures on AGX Orin (AWQ INT4 and fp16; leave-one-out median "
                       "13 %); not an edgeflow backend: for comparison"),
-    RuntimeEfficiency(name="cpu_native", bandwidth=0.66, compute=0.63, overhead_mb=0, fitted=True, compute_fitted=True,
+    RuntimeEfficiency(name="cpu_native", device_kinds=("cpu",), bandwidth=0.66, compute=0.63, overhead_mb=0, fitted=True, compute_fitted=True,
                       source="benchmarks/estimate_cpu_native.py (BENCHMARKS.md#estimate-cpu-native): decode 0.66 and "
                       "prefill 0.63 of the probed read stream and fp32 FMA peak, from 6 engines measured on a 2-core AMD "
                       "EPYC (the demo student in fp32, int4 x3 and int8, the teacher in fp32; leave-one-out median 25 % "
                       "and 28 %: int4 decodes at 71-85 % of the roofline, int8 at 36 %)"),
-    ROOFLINE.model_copy(update={"name": "cpu", "source": "not fitted yet: the roofline"}),
+    ROOFLINE.model_copy(update={"name": "cpu", "source": "not fitted yet: the roofline", "device_kinds": ("cpu",)}),
 )}
 
 
@@ -63,3 +74,22 @@ def runtime_efficiency(name: str) -> RuntimeEfficiency:
         return RUNTIMES[name]
     except KeyError:
         raise ValueError(f"unknown runtime {name!r}; known runtimes: {', '.join(RUNTIMES)}") from None
+
+
+def target_runtime(backend: str, target: SLOTarget, where: str = "slo.targets[]") -> RuntimeEfficiency:
+    """The runtime that serves `target`: its own `runtime`, else the profile's engine backend. ValueError, naming the
+    field and the runtimes that do serve there, when that runtime does not run on the target's kind of device (a CPU
+    engine's factors say nothing of an Orin's GPU)."""
+    name = target.runtime or backend
+    kind = device_class(target.device, f"{where}.device").kind
+    serving = ", ".join(n for n, r in RUNTIMES.items() if r.engine_backend and kind in r.device_kinds)
+    rt = RUNTIMES.get(name)
+    if rt is None or not rt.engine_backend:
+        raise ValueError(f"{where}.runtime={name!r} is not an engine backend edgeflow estimates; the ones that serve on "
+                         f"{target.device}: {serving}")
+    if kind not in rt.device_kinds:
+        field = f"{where}.runtime={name!r}" if target.runtime else f"{where}.runtime (unset: engine.backend={backend!r})"
+        raise ValueError(f"{field}: {name} serves on {' and '.join(rt.device_kinds)} devices and {target.device} is a "
+                         f"{kind} device; name the runtime that serves on {target.device} in {where}.runtime "
+                         f"({serving})")
+    return rt

@@ -1,6 +1,7 @@
 """A profile's variants estimated on each of its SLO targets before anything is built: the student's architecture (the
-teacher's config.json with the distill cut), each variant's weight scheme (its recipe), the profile's engine backend
-as the runtime. What `edgeflow plan` prints, and what a release refuses to build when no engine could serve it.
+teacher's config.json with the distill cut), each variant's weight scheme (its recipe), and the runtime that serves
+each target (its slo runtime, else the profile's engine backend). What `edgeflow plan` prints, and what a release
+refuses to build when no engine could serve it.
 """
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from edgeflow.estimate.counts import Scheme, token_cost
 from edgeflow.estimate.roofline import estimate
-from edgeflow.estimate.runtimes import ROOFLINE, RUNTIMES
+from edgeflow.estimate.runtimes import ROOFLINE, target_runtime
 from edgeflow.model.architecture import Architecture
 from edgeflow.profile import Profile
 
@@ -32,11 +33,12 @@ def student_architecture(teacher: Architecture, profile: Profile) -> Architectur
     return teacher.model_copy(update={"num_hidden_layers": kept, "layer_types": teacher.layer_types[:kept]})
 
 
-def variant_schemes(profile: Profile) -> dict[str, Scheme | str]:
-    """{variant: its Scheme, or why it cannot be counted}: the fp reference row, then each variant's recipe."""
+def variant_schemes(profile: Profile, runtime: str | None = None) -> dict[str, Scheme | str]:
+    """{variant: its Scheme, or why it cannot be counted}: the fp reference row, then each variant's recipe, as
+    `runtime` (default: engine.backend) holds them: the FP row's width and the head's."""
     from edgeflow.quantize.recipe import load_recipe, weight_spec
 
-    backend = profile.engine.backend
+    backend = runtime or profile.engine.backend
     fp_bits = 32 if backend in ("cpu_native", "cpu") else 16
     out: dict[str, Scheme | str] = {"fp32" if fp_bits == 32 else "fp16": Scheme(bits=fp_bits, head_bits=fp_bits)}
     for v in profile.quantize.variants:
@@ -65,10 +67,10 @@ def student_estimates(profile: Profile, student: Architecture | str) -> list[dic
     """slo_estimates for a student already described (`student`: its description, or why there is none)."""
     from edgeflow.estimate import limits_for
 
-    runtime = RUNTIMES.get(profile.engine.backend, ROOFLINE)
-    schemes = variant_schemes(profile) if not isinstance(student, str) else {}
     out = []
-    for target in profile.slo.targets:
+    for i, target in enumerate(profile.slo.targets):
+        runtime = target_runtime(profile.engine.backend, target, f"slo.targets[{i}]")
+        schemes = variant_schemes(profile, runtime.name) if not isinstance(student, str) else {}
         limits = limits_for(target.device)
         rows = []
         for name, scheme in schemes.items():

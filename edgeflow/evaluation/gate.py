@@ -101,7 +101,7 @@ def run_gate(reference: Reference, variants: list[dict], gate: GateConfig, backe
     variant, for the plots.
     """
     backend = get_backend(backend_name)
-    here, elsewhere = service.targets_here(list(slo_targets or []), backend, pool)
+    here, elsewhere = service.targets_here(list(slo_targets or []), backend_name, pool)
     sessions = {v["name"]: backend.load(Path(v["engine_dir"])) for v in variants}
     missing = [v["name"] for v in variants if v["quantized"] and v["name"] not in reference.fakeq_argmax]
     if missing:

@@ -50,15 +50,21 @@ def runs_on_device(backend) -> bool:
     return backend.device_memory_used is not hooks.device_memory_used
 
 
-def targets_here(targets: list[SLOTarget], backend, pool: str) -> tuple[list[SLOTarget], list[dict[str, Any]]]:
+def targets_here(targets: list[SLOTarget], backend_name: str, pool: str) -> tuple[list[SLOTarget], list[dict[str, Any]]]:
     """(the targets this host measures, one {device, pool, not_measured} per target it cannot): a target is measured
-    where the engine's kind of device is the target's (a CPU engine for x86-cpu, a GPU engine for a GPU class) and the
-    consistency stage runs on the target's pool (`pool`: placement.consistency; a target without a pool: any)."""
-    on_device = runs_on_device(backend)
+    where it is served by this engine's backend (its slo runtime, if set, is `backend_name`), the engine's kind of
+    device is the target's (a CPU engine for x86-cpu, a GPU engine for a GPU class) and the consistency stage runs on
+    the target's pool (`pool`: placement.consistency; a target without a pool: any)."""
+    from edgeflow.engines import get_backend
+
+    on_device = runs_on_device(get_backend(backend_name))
     here, elsewhere = [], []
     for t in targets:
         cpu_target = device_class(t.device, "slo.targets[].device").kind == "cpu"
-        if cpu_target == on_device:
+        if t.runtime is not None and t.runtime != backend_name:
+            why = (f"{t.device} is served by {t.runtime} and the gate measured {backend_name} engines: the estimate "
+                   "stands until it runs there")
+        elif cpu_target == on_device:
             why = (f"the engine runs on a {'GPU' if on_device else 'CPU'} and {t.device} is "
                    f"{'a CPU' if cpu_target else 'a GPU'}: the estimate stands until it runs on one")
         elif t.pool is not None and t.pool != pool:

@@ -4,6 +4,7 @@ any build (edgeflow/estimate/). Values only: the device table is edgeflow/profil
     slo:
       targets:
         - device: agx-orin-64gb
+          runtime: tensorrt_llm   # what serves there; default: engine.backend
           prompt_tokens: 512      # the TTFT objective's prompt length
           ttft_p99_ms: 500
           concurrency: 2          # sessions decoding at once
@@ -23,6 +24,10 @@ class SLOTarget(_Strict):
                         "orin-nano-8gb, a100-80gb, x86-cpu, ...) the objectives hold on.")
     pool: str | None = Field(default=None, description="The Prefect pool whose devices are of this class (e.g. orin); "
                              "None: every pool the release deploys to.")
+    runtime: str | None = Field(default=None, description="The engine backend that serves on this device class "
+                                "(a key of edgeflow.engines.BACKENDS, e.g. tensorrt_llm on an Orin while the release "
+                                "gates cpu_native engines): the estimate takes its factors (edgeflow/estimate/runtimes.py). "
+                                "None: engine.backend, which must then run on this kind of device (checked at load).")
     prompt_tokens: int = Field(gt=0, le=1_048_576, description="The prompt length, in tokens, the TTFT objective and the "
                                "memory estimate are stated at.")
     concurrency: int = Field(gt=0, le=1024, description="Sessions decoding at once: the decode objective is per stream at "

@@ -81,3 +81,37 @@ def test_an_slo_memory_cap_above_the_device_and_one_without_a_prompt_length_or_c
 def test_an_unknown_runtime_lists_the_known_ones():
     with pytest.raises(ValueError, match="unknown runtime 'tgi'; known runtimes: tensorrt_llm, edge_llm"):
         runtime_efficiency("tgi")
+
+
+def test_a_target_is_estimated_with_the_runtime_that_serves_it_and_one_that_cannot_run_there_is_refused(tmp_path):
+    """slo.targets[].runtime names what serves on the device class; unset, the engine backend does, and only where it
+    runs: the preflight refuses a CPU engine's factors for an Orin, naming the field and the runtimes that serve there."""
+    from edgeflow.estimate.runtimes import RUNTIMES, target_runtime
+    from edgeflow.preflight import load_profile, preflight
+
+    orin = SLOTarget(device="agx-orin-64gb", prompt_tokens=512, concurrency=2, decode_tok_s=20)
+    with pytest.raises(ValueError) as e:
+        target_runtime("cpu_native", orin, "slo.targets[0]")
+    assert str(e.value) == (
+        "slo.targets[0].runtime (unset: engine.backend='cpu_native'): cpu_native serves on cpu devices and agx-orin-64gb "
+        "is a jetson device; name the runtime that serves on agx-orin-64gb in slo.targets[0].runtime "
+        "(tensorrt_llm, edge_llm, vllm, llama_cpp)")
+    assert target_runtime("cpu_native", orin.model_copy(update={"runtime": "edge_llm"})) is RUNTIMES["edge_llm"]
+    assert target_runtime("tensorrt_llm", orin) is RUNTIMES["tensorrt_llm"]
+    with pytest.raises(ValueError, match=r"runtime='mlc' is not an engine backend edgeflow estimates; the ones that serve "
+                       r"on agx-orin-64gb: tensorrt_llm, edge_llm, vllm, llama_cpp"):
+        target_runtime("cpu_native", orin.model_copy(update={"runtime": "mlc"}))
+    cpu = SLOTarget(device="x86-cpu", runtime="edge_llm", prompt_tokens=64, concurrency=1, decode_tok_s=5)
+    with pytest.raises(ValueError, match=r"runtime='edge_llm': edge_llm serves on jetson devices and x86-cpu is a cpu device"):
+        target_runtime("cpu_native", cpu)
+
+    base = load_profile("configs/demo-cpu.yaml")  # cpu_native, one x86-cpu target: loads
+    for target, expect in (({"runtime": None}, r"slo.targets\[1\].runtime \(unset: engine.backend='cpu_native'\)"),
+                           ({"runtime": "trt"}, r"slo.targets\[1\].runtime='trt' is unknown; choose one of")):
+        bad = base.settings()
+        bad["slo"]["targets"].append(orin.model_dump() | target)
+        with pytest.raises(ValidationError, match=expect):
+            preflight(base.model_validate(bad))
+    good = base.settings()
+    good["slo"]["targets"].append(orin.model_dump() | {"runtime": "tensorrt_llm"})
+    preflight(base.model_validate(good))

@@ -64,20 +64,26 @@ def test_a_prompt_longer_than_the_engine_takes_is_a_miss_with_the_engines_reason
 
 
 def test_a_cpu_engine_measures_cpu_targets_of_its_pool_and_says_why_not_the_others() -> None:
-    from edgeflow.engines import get_backend
     from edgeflow.evaluation.service import targets_here
 
     cpu = SLOTarget(device="x86-cpu", prompt_tokens=64, concurrency=1, decode_tok_s=5)
     orin = SLOTarget(device="agx-orin-64gb", pool="orin", prompt_tokens=512, concurrency=2, decode_tok_s=20)
+    served_by_trt = orin.model_copy(update={"runtime": "tensorrt_llm"})
     other_pool = cpu.model_copy(update={"pool": "cpu-big"})
-    here, elsewhere = targets_here([cpu, orin, other_pool], get_backend("cpu_native"), "inline")
+    by_llama_cpp = cpu.model_copy(update={"runtime": "llama_cpp"})
+    here, elsewhere = targets_here([cpu, orin, served_by_trt, other_pool, by_llama_cpp], "cpu_native", "inline")
     assert here == [cpu]
     assert elsewhere == [
         {"device": "agx-orin-64gb", "pool": "orin",
          "not_measured": "the engine runs on a CPU and agx-orin-64gb is a GPU: the estimate stands until it runs on one"},
+        {"device": "agx-orin-64gb", "pool": "orin", "not_measured": "agx-orin-64gb is served by tensorrt_llm and the gate "
+         "measured cpu_native engines: the estimate stands until it runs there"},
         {"device": "x86-cpu", "pool": "cpu-big", "not_measured": "the gate ran on the release host, not on pool cpu-big"},
+        {"device": "x86-cpu", "pool": None, "not_measured": "x86-cpu is served by llama_cpp and the gate measured "
+         "cpu_native engines: the estimate stands until it runs there"},
     ]
-    assert targets_here([other_pool], get_backend("cpu_native"), "cpu-big") == ([other_pool], [])
+    assert targets_here([other_pool], "cpu_native", "cpu-big") == ([other_pool], [])
+    assert targets_here([cpu.model_copy(update={"runtime": "cpu_native"})], "cpu_native", "inline")[1] == []
 
 
 def test_the_gate_fails_a_variant_that_misses_an_objective_and_keeps_its_figures(tiny_llama, tiny_engine, tmp_path) -> None:

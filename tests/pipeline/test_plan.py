@@ -77,29 +77,33 @@ def test_the_plan_estimates_each_variant_on_each_slo_target_and_names_what_it_ca
     from edgeflow.pipeline.plan import Plan, render, slo_plan
 
     profile = _slo_profile(tmp_path, {"targets": [
-        {"device": "orin-nano-8gb", "prompt_tokens": 512, "concurrency": 2, "decode_tok_s": 1000, "ttft_p99_ms": 500}]})
+        {"device": "orin-nano-8gb", "runtime": "tensorrt_llm", "prompt_tokens": 512, "concurrency": 2, "decode_tok_s": 1000,
+         "ttft_p99_ms": 500}]})
     plan = Plan(profile="p", model="m", services={})
     slo_plan(plan, profile, teacher_here=True)
     [target] = plan.estimates
     assert target["student"] == "3 layers"  # keep_every_k 15 of 30
+    assert target["runtime"]["name"] == "tensorrt_llm"  # the target's runtime, not the release's cpu_native
     rows = {r["variant"]: r for r in target["variants"]}
-    assert list(rows) == ["fp32", "awq-w4a16", "gptq-w4a16"]
-    # the fp32 3-layer student reads its 42.5 MB of fp32 layers and the 113 MB fp32 head every step: at 68 GB/s, about
-    # 430 tok/s at the roofline, 0.66 of it with cpu_native's fitted bandwidth factor
-    assert rows["fp32"]["misses"] and rows["fp32"]["misses"][0].startswith("decode 2")
-    assert rows["fp32"]["estimate"]["decode_roofline_tok_s"] == pytest.approx(430, rel=0.02)
-    # the int4 ones read 5.6 MB of layers and the 29 MB int8 head: about 1,800 tok/s at the roofline
+    assert list(rows) == ["fp16", "awq-w4a16", "gptq-w4a16"]  # a GPU runtime's reference row is fp16
+    # the fp16 3-layer student reads its 21.2 MB of layers (3 x 3,538,944 weights) and the 56.6 MB fp16 head
+    # (49,152 x 576) every step, plus the two sessions' KV caches (2.9 MB): at 68 GB/s about 840 tok/s at the roofline,
+    # which is TensorRT-LLM's estimate too (no fitted decode factor)
+    assert rows["fp16"]["misses"] and rows["fp16"]["misses"][0].startswith("decode 8")
+    assert rows["fp16"]["estimate"]["decode_roofline_tok_s"] == pytest.approx(68e9 / (21.2e6 + 56.6e6 + 2.9e6), rel=0.02)
+    # the int4 ones read 5.3 MB of layers with their scales and the same fp16 head: about 1,040 tok/s
     assert rows["gptq-w4a16"]["misses"] == [] and rows["awq-w4a16"]["misses"] == []
     assert plan.problems == []  # some variant can meet it
     text = "\n".join(render(plan).splitlines())
     assert "orin-nano-8gb: TTFT p99 <= 500 ms, decode >= 1000 tok/s at 512 prompt tokens, concurrency 2" in text
+    assert "runtime tensorrt_llm" in text
     assert "gptq-w4a16" in text and "cannot meet (estimate): decode" in text
 
 
 def test_a_slo_no_variant_can_meet_is_a_problem_unless_built_anyway(tmp_path) -> None:
     from edgeflow.pipeline.plan import Plan, slo_plan
 
-    slo = {"targets": [{"device": "orin-nano-8gb", "prompt_tokens": 512, "concurrency": 1, "decode_tok_s": 100_000}]}
+    slo = {"targets": [{"device": "orin-nano-8gb", "runtime": "tensorrt_llm", "prompt_tokens": 512, "concurrency": 1, "decode_tok_s": 100_000}]}
     plan = Plan(profile="p", model="m", services={})
     slo_plan(plan, _slo_profile(tmp_path / "a", slo), teacher_here=True)
     [problem] = plan.problems
@@ -120,13 +124,13 @@ def test_the_release_refuses_only_the_variants_no_engine_could_serve_and_builds_
     from edgeflow.pipeline.plan import teacher_architecture
 
     probe = _slo_profile(tmp_path / "p", {"targets": [
-        {"device": "orin-nano-8gb", "prompt_tokens": 512, "concurrency": 1, "decode_tok_s": 1}]})
+        {"device": "orin-nano-8gb", "runtime": "tensorrt_llm", "prompt_tokens": 512, "concurrency": 1, "decode_tok_s": 1}]})
     teacher = teacher_architecture(probe)
     best = {r["variant"]: r["estimate"]["decode_roofline_tok_s"] for r in slo_estimates(probe, teacher)[0]["variants"]}
     slow, fast = sorted(["awq-w4a16", "gptq-w4a16"], key=best.get)  # awq keeps a zero point per group: more bytes
     assert best[slow] < best[fast]
     between = (best[slow] + best[fast]) / 2
-    slo = {"targets": [{"device": "orin-nano-8gb", "prompt_tokens": 512, "concurrency": 1, "decode_tok_s": between}]}
+    slo = {"targets": [{"device": "orin-nano-8gb", "runtime": "tensorrt_llm", "prompt_tokens": 512, "concurrency": 1, "decode_tok_s": between}]}
     profile = _slo_profile(tmp_path / "a", slo)
     refused = unservable(profile, teacher_architecture(profile).model_copy(
         update={"num_hidden_layers": 3, "layer_types": teacher.layer_types[:3]}))
@@ -144,7 +148,7 @@ def test_a_measured_target_is_put_against_the_roofline_of_the_same_workload(tmp_
     from edgeflow.estimate.variants import roofline_fractions, variant_schemes
     from edgeflow.pipeline.plan import teacher_architecture
 
-    target = {"device": "orin-nano-8gb", "prompt_tokens": 512, "concurrency": 2, "decode_tok_s": 1}
+    target = {"device": "orin-nano-8gb", "runtime": "tensorrt_llm", "prompt_tokens": 512, "concurrency": 2, "decode_tok_s": 1}
     profile = _slo_profile(tmp_path, {"targets": [target]})
     teacher = teacher_architecture(profile)
     student = teacher.model_copy(update={"num_hidden_layers": 3, "layer_types": teacher.layer_types[:3]})
@@ -167,7 +171,7 @@ def test_the_release_judges_its_variants_on_the_student_config_the_distill_stage
     from edgeflow.tracking.artifacts import ArtifactRef
     from tests.helpers.model_configs import SMOLLM2_135M
 
-    slo = {"targets": [{"device": "orin-nano-8gb", "prompt_tokens": 512, "concurrency": 1, "decode_tok_s": 100_000}]}
+    slo = {"targets": [{"device": "orin-nano-8gb", "runtime": "tensorrt_llm", "prompt_tokens": 512, "concurrency": 1, "decode_tok_s": 100_000}]}
     profile = _slo_profile(tmp_path, slo)
     ctx = SimpleNamespace(resolved=lambda: profile)
     student = ArtifactRef(kind="student", uri="mlflow-artifacts:/1/r/artifacts/student", sha256="a" * 64,

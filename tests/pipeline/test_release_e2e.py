@@ -632,7 +632,8 @@ def test_a_slo_no_engine_could_meet_refuses_every_variant_before_quantization(se
     from mlflow import MlflowClient
 
     data = yaml.safe_load((REPO / "configs" / "test-tiny.yaml").read_text())
-    data["slo"] = {"targets": [{"device": "orin-nano-8gb", "prompt_tokens": 64, "concurrency": 1, "decode_tok_s": 100000}]}
+    data["slo"] = {"targets": [{"device": "orin-nano-8gb", "runtime": "tensorrt_llm", "prompt_tokens": 64, "concurrency": 1,
+                                "decode_tok_s": 100000}]}
     path = tmp_path / "slo.yaml"
     path.write_text(yaml.safe_dump(data))
     c = MlflowClient(services["MLFLOW_TRACKING_URI"])
