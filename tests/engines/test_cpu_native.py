@@ -584,6 +584,26 @@ def test_every_wait_policy_gives_the_same_tokens(spin_us: str, engines, sessions
         assert stats["probes"] == 1 and stats["spinning"] == stats["probes_spin"]
 
 
+def test_the_wait_policy_is_probed_on_decode_steps_only(engines, monkeypatch) -> None:
+    """A prefill chunk's waits are few, so spinning and sleeping time alike there: a probe judged on prefill steps
+    picked sleeping by chance, and the decode steps after it ran 2.5x slower until the next probe. Prompts alone
+    (each one prefill step, no decode step) make no probe however many steps they take; decoding makes one, and the
+    policy in force is the probe's."""
+    monkeypatch.setenv(cpu_host.THREADS_ENV, "2")
+    monkeypatch.setenv(cpu_native.SPIN_ENV, "1000")
+    session = cpu_native.load(engines["asym"])
+    ids = _prompts()[2]
+    assert len(ids) > 20  # 20 rotations, each more rows than a decode step carries: a prefill chunk
+    for i in range(20):  # 20 prefill steps, well past the 8 after which the first probe starts; each prompt starts
+        # with another token, so none is served from an earlier one's cached prefix
+        assert len(list(cpu_native.generate(session, ids[i:] + ids[:i], 1, []))) == 1
+    stats = session.team_stats()
+    assert stats["threads"] == 2 and stats["probes"] == 0 and stats["spinning"] == 1, stats
+    assert len(list(cpu_native.generate(session, ids, 24, []))) == 24
+    stats = session.team_stats()
+    assert stats["probes"] == 1 and stats["spinning"] == stats["probes_spin"], stats
+
+
 def test_spin_env_is_checked(engines, monkeypatch) -> None:
     for bad in ("-1", "fast", "2000000"):
         monkeypatch.setenv(cpu_native.SPIN_ENV, bad)

@@ -93,10 +93,16 @@ static inline __m256 hsum8_ordered(const __m256* a) {
 // some runs 5x slower (both our threads on one core, the spinner taking the worker's time slices). So the
 // team measures: every PROBE_EVERY decoder steps it runs PROBE_STEPS steps of the same shape spinning and
 // PROBE_STEPS sleeping, and keeps the faster. (A probe costs at most 8 of PROBE_EVERY steps in the slower
-// policy; a step of another shape restarts it.)
+// policy; a step of another shape restarts it.) Only decode steps (at most DECODE_ROWS rows) are probed or counted:
+// a prefill chunk's regions are long, so its waits are few and both policies time alike, and a probe judged on
+// prefill steps picked sleeping by chance in 2 of 6 sessions, which then decoded at 90-120 tok/s instead of 200-280
+// for the next PROBE_EVERY steps (BENCHMARKS.md#thread-team). A prefill step runs under the policy in force.
 #define PROBE_STEPS 4
 #define PROBE_EVERY 512
 #define PROBE_FIRST 8
+// Rows a decode step carries at most: one per stream (cpu_native.MAX_ROWS), the widest row kernel (1-4 rows, q4a_rows).
+// A step with more rows is a prefill chunk: the linears take the panel kernels and attention runs by KV group.
+#define DECODE_ROWS 4
 typedef void (*job_fn)(void* arg, int tid, int nth);
 typedef struct team {
     int nt; long spin_ns;
@@ -187,15 +193,15 @@ long team_probes_spin(void* p) { return p ? atomic_load(&((team_t*)p)->probes_sp
 int team_spinning(void* p) { return p ? atomic_load(&((team_t*)p)->spinning) : 0; }
 
 static void team_step_begin(team_t* t, int rows) {
-    if (!t || t->spin_ns <= 0) return;
+    if (!t || t->spin_ns <= 0 || rows > DECODE_ROWS) return;
     pthread_mutex_lock(&t->probe_lock);
     if (t->phase == 0 && --t->until_probe <= 0) { t->phase = 1; t->probe_rows = rows; t->probe_ns[0] = t->probe_ns[1] = 0; }
     if (t->phase > 0 && rows != t->probe_rows) { t->phase = 1; t->probe_rows = rows; t->probe_ns[0] = t->probe_ns[1] = 0; }
     if (t->phase > 0) atomic_store(&t->spinning, t->phase <= PROBE_STEPS);
     pthread_mutex_unlock(&t->probe_lock);
 }
-static void team_step_end(team_t* t, long ns) {
-    if (!t || t->spin_ns <= 0) return;
+static void team_step_end(team_t* t, int rows, long ns) {
+    if (!t || t->spin_ns <= 0 || rows > DECODE_ROWS) return;
     pthread_mutex_lock(&t->probe_lock);
     if (t->phase > 0) {
         t->probe_ns[t->phase <= PROBE_STEPS ? 1 : 0] += ns;
@@ -301,9 +307,6 @@ static void q4a_rows_##MM(const int16_t* xq, const float* xs, int K, int N, cons
 }
 DEFINE_Q4A(1) DEFINE_Q4A(2) DEFINE_Q4A(3) DEFINE_Q4A(4)
 
-// Rows a decode step carries at most: one per stream (cpu_native.MAX_ROWS), the widest row kernel (1-4 rows above).
-// A step with more rows is a prefill chunk: the linears take the panel kernels and attention runs by KV group.
-#define DECODE_ROWS 4
 
 #define SPLIT_ROWS \
     int r0 = (int)((long)N * tid / nth), r1 = (int)((long)N * (tid + 1) / nth);
@@ -1462,5 +1465,5 @@ void llama_step(int M, const int* pos, const int* slot, float* h, const layer_t*
         for (int i = 0; i < M * Hd; i++) h[i] += tmp[i];
     }
     rmsnorm(h, normw, out, M, Hd, eps);
-    team_step_end((team_t*)team, now_ns() - t0);
+    team_step_end((team_t*)team, M, now_ns() - t0);
 }
