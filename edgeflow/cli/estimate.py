@@ -110,6 +110,8 @@ def run(a: argparse.Namespace) -> dict:
 
 def render(r: dict) -> str:
     t, e, lim, rt = r["per_token"], r["estimate"], r["limits"], r["runtime"]
+    by_width = rt.get("by_weight_bits", {}).get(r["scheme"]["bits"])  # the factors estimate() used
+    bandwidth, compute = by_width or (rt["bandwidth"], rt["compute"])
     mb = 1e6
     lines = [
         f"{r['model']}: {r['family']}, {r['params'] / 1e6:,.1f} M parameters, {r['scheme']['bits']}-bit weights"
@@ -119,9 +121,10 @@ def render(r: dict) -> str:
         f"  prefill of {r['workload']['prompt_tokens']} tokens: {t['prefill_flops'] / 1e12:,.2f} TFLOP",
         f"  {lim['device']}: {lim['bandwidth_gb_s']:,.1f} GB/s, {lim['peak_tflops']:,.2f} TFLOP/s"
         + (f", {lim['memory_gb']:g} GB" if lim["memory_gb"] else "") + f" ({lim['source']})",
-        f"  runtime {rt['name']}: {rt['bandwidth']:.0%} of the bandwidth"
+        f"  runtime {rt['name']}: {bandwidth:.0%} of the bandwidth"
         + ("" if rt["fitted"] else " (not fitted: decode is the roofline, a bound no engine beats)")
-        + f", {rt['compute']:.0%} of the peak" + ("" if rt["compute_fitted"] else " (not fitted: the roofline)"),
+        + f", {compute:.0%} of the peak" + ("" if rt["compute_fitted"] else " (not fitted: the roofline)")
+        + (f" ({r['scheme']['bits']}-bit layers' factors)" if by_width else ""),
         f"  decode: {e['decode_tok_s']:,.1f} tok/s per stream at concurrency {r['workload']['concurrency']} "
         f"(bound by {e['decode_bound']}; the roofline {e['decode_roofline_tok_s']:,.1f})",
         f"  TTFT p99: {e['ttft_p99_ms']:,.0f} ms (bound by {e['ttft_bound']})",

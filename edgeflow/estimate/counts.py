@@ -60,6 +60,8 @@ class TokenCost(BaseModel):
     kv_per_layer_token: float = Field(description="KV cache bytes one token keeps in one layer.")
     attn_flops_per_key: float = Field(description="FLOPs one query token spends on one attended key in one layer.")
     head_flops: float = Field(description="FLOPs of the head for one token.")
+    weight_bits: int = Field(description="The layers' weight width (the scheme's bits): a runtime whose kernels differ "
+                             "by width has factors per width (edgeflow/estimate/runtimes.py).")
 
     @property
     def step_weight_bytes(self) -> float:
@@ -124,4 +126,5 @@ def token_cost(arch: Architecture, scheme: Scheme) -> TokenCost:
         embedding_row_bytes=h * 2.0, embedding_table_bytes=table, head_bytes=head, tied_head=arch.tie_word_embeddings,
         linear_params=arch.num_hidden_layers * linear, windows=windows, kv_per_layer_token=kv_layer,
         attn_flops_per_key=4.0 * arch.num_attention_heads * hd, head_flops=2.0 * arch.vocab_size * h,
+        weight_bits=scheme.bits,
     )

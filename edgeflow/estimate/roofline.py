@@ -66,9 +66,10 @@ def estimate(cost: TokenCost, limits: Limits, runtime: RuntimeEfficiency, prompt
     context = prompt_tokens + max_new_tokens // 2
     step_bytes = cost.step_weight_bytes + concurrency * cost.kv_read_bytes(context)
     mem_s, flop_s = step_bytes / bw, concurrency * cost.decode_flops(context) / peak  # the roofline's
-    mem_t, flop_t = mem_s / runtime.bandwidth, flop_s / runtime.compute  # the runtime's
+    bandwidth, compute = runtime.factors(cost.weight_bits)
+    mem_t, flop_t = mem_s / bandwidth, flop_s / compute  # the runtime's
     flops = cost.prefill_flops(prompt_tokens)
-    p_flop_s, p_mem_s = flops / (peak * runtime.compute), cost.step_weight_bytes / (bw * runtime.bandwidth)
+    p_flop_s, p_mem_s = flops / (peak * compute), cost.step_weight_bytes / (bw * bandwidth)
     resident = (cost.resident_weight_bytes + concurrency * cost.kv_resident_bytes(prompt_tokens + max_new_tokens)) / 1e6
     return Estimate(
         decode_tok_s=1 / max(mem_t, flop_t), decode_bound="memory" if mem_t >= flop_t else "compute",

@@ -24,6 +24,10 @@ class RuntimeEfficiency(BaseModel):
     overhead_mb: float = Field(ge=0, description="Resident memory besides weights and KV caches (context, workspace), MB.")
     fitted: bool = Field(description="The bandwidth factor is fitted to measured decode speeds; False: 1, the roofline "
                          "(decode estimates are then a bound, not a prediction).")
+    by_weight_bits: dict[int, tuple[float, float]] = Field(
+        default_factory=dict, description="(bandwidth, compute) for a weight width whose kernels differ from the "
+        "others' (cpu_native: fp32 layers run fp32 FMAs, 4- and 8-bit ones int16 multiply-adds after an unpack); a "
+        "width not listed takes `bandwidth` and `compute`.")
     compute_fitted: bool = Field(default=False, description="The compute factor is fitted to measured prefill speeds.")
     source: str = Field(description="The figures behind the factors.")
     engine_backend: bool = Field(default=True, description="An edgeflow engine backend (edgeflow.engines.BACKENDS); "
@@ -31,6 +35,10 @@ class RuntimeEfficiency(BaseModel):
     device_kinds: tuple[Literal["jetson", "datacenter-gpu", "cpu"], ...] = Field(
         description="The kinds of device (edgeflow/profile/devices.py DeviceClass.kind) it serves on: an SLO target of "
         "another kind is refused for it, never estimated with its factors.")
+
+    def factors(self, weight_bits: int) -> tuple[float, float]:
+        """(bandwidth, compute) for layers of `weight_bits`-bit weights."""
+        return self.by_weight_bits.get(weight_bits, (self.bandwidth, self.compute))
 
 
 _GPU = ("jetson", "datacenter-gpu")
@@ -59,11 +67,13 @@ RUNTIMES: dict[str, RuntimeEfficiency] = {r.name: r for r in (
     RuntimeEfficiency(name="tinychat", engine_backend=False, device_kinds=_GPU, bandwidth=0.69, compute=1.0, overhead_mb=0, fitted=True,
                       source=_FIT + "decode 0.69 from 4 figures on AGX Orin (AWQ INT4 and fp16; leave-one-out median "
                       "13 %); not an edgeflow backend: for comparison"),
-    RuntimeEfficiency(name="cpu_native", device_kinds=("cpu",), bandwidth=0.66, compute=0.63, overhead_mb=0, fitted=True, compute_fitted=True,
-                      source="benchmarks/estimate_cpu_native.py (BENCHMARKS.md#estimate-cpu-native): decode 0.66 and "
-                      "prefill 0.63 of the probed read stream and fp32 FMA peak, from 6 engines measured on a 2-core AMD "
-                      "EPYC (the demo student in fp32, int4 x3 and int8, the teacher in fp32; leave-one-out median 25 % "
-                      "and 28 %: int4 decodes at 71-85 % of the roofline, int8 at 36 %)"),
+    RuntimeEfficiency(name="cpu_native", device_kinds=("cpu",), bandwidth=0.60, compute=0.74, overhead_mb=0, fitted=True,
+                      compute_fitted=True, by_weight_bits={32: (0.79, 0.42)},
+                      source="benchmarks/estimate_cpu_native.py (BENCHMARKS.md#estimate-cpu-native): fractions of the "
+                      "probed read stream and fp32 FMA peak, fitted per kernel family over 6 engines measured 3 times "
+                      "each on a 2-core AMD EPYC: 4- and 8-bit layers (int16 multiply-adds; the demo student's awq, "
+                      "gptq, rtn and gptq-w8a16) decode 0.60, prefill 0.74, leave-one-out at most 3 % and 11 %; fp32 "
+                      "layers (fp32 FMAs; the student and the teacher) decode 0.79, prefill 0.42, at most 8 % and 0 %"),
     ROOFLINE.model_copy(update={"name": "cpu", "source": "not fitted yet: the roofline", "device_kinds": ("cpu",)}),
 )}
 

@@ -115,3 +115,18 @@ def test_a_target_is_estimated_with_the_runtime_that_serves_it_and_one_that_cann
     good = base.settings()
     good["slo"]["targets"].append(orin.model_dump() | {"runtime": "tensorrt_llm"})
     preflight(base.model_validate(good))
+
+
+def test_a_runtime_whose_kernels_differ_by_weight_width_takes_the_widths_own_factors():
+    """cpu_native runs fp32 layers on fp32 FMAs and 4/8-bit ones on int16 multiply-adds: its factors are per width, and
+    a width it lists none for takes the runtime's general ones."""
+    rt = ROOFLINE.model_copy(update={"name": "by-width", "bandwidth": 0.5, "compute": 0.5, "by_weight_bits": {32: (0.8, 0.25)}})
+    arch = describe(GEMMA2_9B)
+    for bits, (bandwidth, compute) in ((4, (0.5, 0.5)), (8, (0.5, 0.5)), (32, (0.8, 0.25))):
+        cost = token_cost(arch, Scheme(bits=bits, group_size=128))
+        best = estimate(cost, limits_for("agx-orin-64gb"), ROOFLINE, 512, 1, 256)
+        got = estimate(cost, limits_for("agx-orin-64gb"), rt, 512, 1, 256)
+        assert got.decode_bound == "memory" and got.ttft_bound == "compute"  # batch 1; 8.6 TFLOP of prefill
+        assert got.decode_tok_s == pytest.approx(best.decode_tok_s * bandwidth), bits
+        assert got.ttft_p99_ms == pytest.approx(best.ttft_p99_ms / compute), bits
+    assert runtime_efficiency("cpu_native").factors(32) != runtime_efficiency("cpu_native").factors(4)
