@@ -92,6 +92,8 @@ def main() -> None:
     if a.refit:
         fit(json.loads(a.refit.read_text())["rows"])
         return
+    if a.gate_report is None or a.out is None:
+        ap.error("--gate-report and --out are required to measure (only --refit measures nothing)")
 
     profile = load_profile(a.profile)
     report = GateReport.model_validate_json(a.gate_report.read_text())
@@ -103,10 +105,11 @@ def main() -> None:
     tmp = tempfile.TemporaryDirectory(prefix="edgeflow-fit-")
     engines = []
     for r in report.rows:
-        engine = materialize(r.engine)
         if a.rebuild:
             engine = Path(tmp.name) / r.name
             backend.build(materialize(r.checkpoint), engine, {})
+        else:
+            engine = materialize(r.engine)
         engines.append((r.name, student, schemes.get(r.name), engine))
     if a.teacher:
         from edgeflow.model.source import teacher_dir

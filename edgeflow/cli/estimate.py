@@ -103,6 +103,7 @@ def run(a: argparse.Namespace) -> dict:
                       "embedding_row_bytes": cost.embedding_row_bytes, "kv_bytes_per_token": cost.kv_bytes_per_token,
                       "step_bytes": est.step_bytes, "prefill_flops": est.prefill_flops},
         "limits": limits.model_dump(), "runtime": runtime.model_dump(),
+        "factors": dict(zip(("bandwidth", "compute"), runtime.factors(scheme.bits))),  # what estimate() used
         "workload": {"prompt_tokens": a.prompt, "concurrency": a.concurrency, "new_tokens": a.new_tokens},
         "estimate": est.model_dump(), "misses": est.misses(target) if target else [],
     }
@@ -110,8 +111,8 @@ def run(a: argparse.Namespace) -> dict:
 
 def render(r: dict) -> str:
     t, e, lim, rt = r["per_token"], r["estimate"], r["limits"], r["runtime"]
-    by_width = rt.get("by_weight_bits", {}).get(r["scheme"]["bits"])  # the factors estimate() used
-    bandwidth, compute = by_width or (rt["bandwidth"], rt["compute"])
+    bandwidth, compute = r["factors"]["bandwidth"], r["factors"]["compute"]
+    by_width = r["scheme"]["bits"] in rt["by_weight_bits"]
     mb = 1e6
     lines = [
         f"{r['model']}: {r['family']}, {r['params'] / 1e6:,.1f} M parameters, {r['scheme']['bits']}-bit weights"

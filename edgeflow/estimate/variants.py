@@ -67,10 +67,12 @@ def student_estimates(profile: Profile, student: Architecture | str) -> list[dic
     """slo_estimates for a student already described (`student`: its description, or why there is none)."""
     from edgeflow.estimate import limits_for
 
-    out = []
+    out, schemes_of = [], {}  # the recipes read once per runtime, not once per target
     for i, target in enumerate(profile.slo.targets):
         runtime = target_runtime(profile.engine.backend, target, f"slo.targets[{i}]")
-        schemes = variant_schemes(profile, runtime.name) if not isinstance(student, str) else {}
+        if runtime.name not in schemes_of:
+            schemes_of[runtime.name] = variant_schemes(profile, runtime.name) if not isinstance(student, str) else {}
+        schemes = schemes_of[runtime.name]
         limits = limits_for(target.device)
         rows = []
         for name, scheme in schemes.items():
